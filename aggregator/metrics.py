@@ -1,0 +1,65 @@
+"""Prometheus metrics of the aggregator, in a registry of its own (no global state)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Info
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from servehealth_common.states import ServeState
+
+PREFIX = "serve_health"
+
+
+class _PodsByState(Collector):
+    """``serve_health_pods{state=...}``, read from the tracker at scrape time (no hot-path cost)."""
+
+    def __init__(self, counts: Callable[[], dict[ServeState, int]]) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            f"{PREFIX}_pods", "Tracked pods by serve state.", labels=["state"]
+        )
+        for state, count in self._counts().items():
+            family.add_metric([state.name], count)
+        yield family
+
+
+class Metrics:
+    def __init__(self, version: str) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        Info(f"{PREFIX}_build", "Aggregator build information.", registry=r).info(
+            {"version": version}
+        )
+        self.reports = Counter(f"{PREFIX}_reports", "Pod reports received from agents.", registry=r)
+        self.transitions = Counter(
+            f"{PREFIX}_transitions",
+            "Pod state transitions.",
+            ["from_state", "to_state", "source"],
+            registry=r,
+        )
+        self.label_changes = Counter(
+            f"{PREFIX}_label_changes",
+            "Changes of the desired serve label, by new value.",
+            ["value"],
+            registry=r,
+        )
+        self.streams_rejected = Counter(
+            f"{PREFIX}_streams_rejected",
+            "Report streams ended by the aggregator because of bad input, by gRPC status.",
+            ["code"],
+            registry=r,
+        )
+        self.agents_connected = Gauge(
+            f"{PREFIX}_agents_connected", "Open report streams that have said hello.", registry=r
+        )
+        self.watchers = Gauge(
+            f"{PREFIX}_transition_watchers", "Open WatchTransitions streams.", registry=r
+        )
+
+    def track_pods(self, counts: Callable[[], dict[ServeState, int]]) -> None:
+        self.registry.register(_PodsByState(counts))

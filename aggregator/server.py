@@ -1,0 +1,155 @@
+"""Assemble and run the aggregator: gRPC server, health, reflection, metrics, expiry loop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+import grpc
+from aiohttp import web
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from aggregator import __version__
+from aggregator.core import Core
+from aggregator.metrics import Metrics
+from aggregator.registry import MemoryRegistry, PodRegistry
+from aggregator.services import InspectionService, ReportService
+from aggregator.settings import Settings, split_host_port
+from aggregator.tracker import Clock, Tracker, TrackerSettings
+from servehealth.v1 import servehealth_pb2 as pb
+from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAMES = (
+    pb.DESCRIPTOR.services_by_name["ReportService"].full_name,
+    pb.DESCRIPTOR.services_by_name["InspectionService"].full_name,
+    health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+)
+
+
+def make_registry(settings: Settings) -> PodRegistry:
+    if settings.kube_backend == "memory":
+        return MemoryRegistry(settings.label_key)
+    raise ValueError(f"unknown --kube-backend {settings.kube_backend!r}")
+
+
+class Aggregator:
+    """One aggregator process: ``await start()``, then ``await stop()`` (which drains)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        registry: PodRegistry | None = None,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        self.settings = settings
+        self.metrics = Metrics(__version__)
+        self.tracker = Tracker(
+            TrackerSettings(
+                heartbeat_ttl=settings.heartbeat_ttl,
+                failure_threshold=settings.failure_threshold,
+                success_threshold=settings.success_threshold,
+            ),
+            clock,
+        )
+        self.registry = registry or make_registry(settings)
+        self.core = Core(self.tracker, self.registry, self.metrics)
+        self.health = health.aio.HealthServicer()
+        self.port = 0
+        self.metrics_port = 0
+        self._server: grpc.aio.Server | None = None
+        self._metrics_runner: web.AppRunner | None = None
+        self._expiry: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        settings = self.settings
+        await self.registry.start()
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", settings.max_message_bytes),
+                ("grpc.max_send_message_length", 16 * 1024 * 1024),
+                # Agents ping every 10 s to notice a dead aggregator; allow it.
+                ("grpc.keepalive_permit_without_calls", 1),
+                ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
+                ("grpc.http2.max_ping_strikes", 0),
+            ]
+        )
+        pb_grpc.add_ReportServiceServicer_to_server(
+            ReportService(self.core, settings.heartbeat_interval), server
+        )
+        pb_grpc.add_InspectionServiceServicer_to_server(
+            InspectionService(self.core, settings.label_key), server
+        )
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        reflection.enable_server_reflection((*SERVICE_NAMES, reflection.SERVICE_NAME), server)
+        host, port = split_host_port(settings.listen)
+        self.port = server.add_insecure_port(
+            f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        )
+        if self.port == 0:
+            raise OSError(f"cannot listen on {settings.listen}")
+        await server.start()
+        self._server = server
+        for name in ("", *SERVICE_NAMES):
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        if settings.metrics_listen:
+            await self._start_metrics(*split_host_port(settings.metrics_listen))
+        self._expiry = asyncio.create_task(self._expire_forever(), name="expiry")
+        log.info(
+            "aggregator %s listening on %s:%d (metrics %s), backend %s, label %s",
+            __version__,
+            host,
+            self.port,
+            f"{host}:{self.metrics_port}" if settings.metrics_listen else "off",
+            self.registry.name,
+            settings.label_key,
+        )
+
+    async def _start_metrics(self, host: str, port: int) -> None:
+        async def metrics(_: web.Request) -> web.Response:
+            body = generate_latest(self.metrics.registry)
+            return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+        app = web.Application()
+        app.router.add_get("/metrics", metrics)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        self._metrics_runner = runner
+        self.metrics_port = runner.addresses[0][1]
+
+    async def _expire_forever(self) -> None:
+        interval = self.settings.expiry_interval
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                self.core.expire()
+            except Exception:  # keep expiring whatever one pass met
+                log.exception("expiry pass failed")
+
+    async def stop(self) -> None:
+        """Drain: report NOT_SERVING, end every stream, stop serving."""
+        log.info("draining: health NOT_SERVING, closing streams")
+        await self.health.enter_graceful_shutdown()
+        self.core.close_watchers()
+        if self._expiry is not None:
+            self._expiry.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._expiry
+        if self._server is not None:
+            await self._server.stop(self.settings.shutdown_grace)
+        if self._metrics_runner is not None:
+            await self._metrics_runner.cleanup()
+        await self.registry.stop()
+        log.info("aggregator stopped")
+
+    async def wait(self) -> None:
+        if self._server is not None:
+            await self._server.wait_for_termination()

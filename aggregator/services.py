@@ -1,0 +1,153 @@
+"""gRPC servicers: thin translations between ``servehealth.v1`` and the core."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+
+import grpc
+
+from aggregator import wire
+from aggregator.core import Core, NotAdmitted, WatcherTooSlow
+from aggregator.tracker import PodKey
+from servehealth.v1 import servehealth_pb2 as pb
+from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
+from servehealth_common.states import ServeState
+
+log = logging.getLogger(__name__)
+
+
+class ReportService(pb_grpc.ReportServiceServicer):
+    def __init__(self, core: Core, heartbeat_interval: float) -> None:
+        self._core = core
+        self._settings = pb.AggregatorMessage(
+            settings=pb.AgentSettings(heartbeat_interval=wire.duration(heartbeat_interval))
+        )
+
+    async def _reject(
+        self, context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str
+    ) -> None:
+        self._core.metrics.streams_rejected.labels(code.name).inc()
+        log.warning("rejecting report stream from %s: %s: %s", context.peer(), code.name, message)
+        await context.abort(code, message)
+
+    async def Report(
+        self,
+        request_iterator: AsyncIterator[pb.AgentMessage],
+        context: grpc.aio.ServicerContext,
+    ) -> None:
+        first = await context.read()
+        if first is grpc.aio.EOF:
+            return
+        if first.WhichOneof("kind") != "hello":
+            await self._reject(
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "the first message on a Report stream must be a hello",
+            )
+        try:
+            pods = wire.pods_from_hello(first.hello)
+        except wire.InvalidMessage as error:
+            await self._reject(context, grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        own_pod = pods[0].key if first.hello.mode == pb.AGENT_MODE_SIDECAR else None
+        try:
+            stream = self._core.hello(pods)
+        except NotAdmitted as error:
+            await self._reject(context, grpc.StatusCode.FAILED_PRECONDITION, str(error))
+        keys: set[PodKey] = {pod.key for pod in pods}
+        log.info(
+            "agent %s connected from %s (%s, node %s, version %s)",
+            stream,
+            context.peer(),
+            pb.AgentMode.Name(first.hello.mode),
+            first.hello.node_name or "?",
+            first.hello.agent_version or "?",
+        )
+        report = self._core.report
+        try:
+            await context.write(self._settings)
+            while True:
+                message = await context.read()
+                if message is grpc.aio.EOF:
+                    return
+                if message.WhichOneof("kind") != "reports":
+                    await self._reject(
+                        context,
+                        grpc.StatusCode.INVALID_ARGUMENT,
+                        "expected reports: a hello may be sent only once per stream",
+                    )
+                sequence = 0
+                for pod_report in message.reports.reports:
+                    try:
+                        key, observation = wire.observation_from_report(pod_report, own_pod)
+                        report(stream, key, observation)
+                    except wire.InvalidMessage as error:
+                        await self._reject(context, grpc.StatusCode.INVALID_ARGUMENT, str(error))
+                    except NotAdmitted as error:
+                        await self._reject(context, grpc.StatusCode.FAILED_PRECONDITION, str(error))
+                    keys.add(key)
+                    sequence = max(sequence, pod_report.sequence)
+                await context.write(pb.AggregatorMessage(ack=pb.Ack(sequence=sequence)))
+        finally:
+            self._core.goodbye(stream, keys)
+            log.info("agent %s disconnected (%d pods)", stream, len(keys))
+
+
+class InspectionService(pb_grpc.InspectionServiceServicer):
+    def __init__(
+        self, core: Core, label_key: str, wall_clock: Callable[[], float] = time.time
+    ) -> None:
+        self._core = core
+        self._label_key = label_key
+        self._wall_clock = wall_clock
+
+    def _clocks(self) -> tuple[float, float]:
+        return self._core.tracker.now(), self._wall_clock()
+
+    async def ListPods(
+        self, request: pb.ListPodsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListPodsResponse:
+        states = set(request.states)
+        now, wall = self._clocks()
+        pods = [
+            wire.pod_message(record, now, wall)
+            for record in self._core.tracker.records()
+            if (not request.namespace or record.key.namespace == request.namespace)
+            and (not states or int(record.state) in states)
+        ]
+        pods.sort(key=lambda pod: (pod.namespace, pod.name))
+        return pb.ListPodsResponse(pods=pods)
+
+    async def GetPod(self, request: pb.GetPodRequest, context: grpc.aio.ServicerContext) -> pb.Pod:
+        if not request.namespace or not request.name:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "namespace and name are both required"
+            )
+        record = self._core.tracker.get(PodKey(request.namespace, request.name))
+        if record is None:
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND,
+                f"pod {request.namespace}/{request.name} is not tracked",
+            )
+        return wire.pod_message(record, *self._clocks())
+
+    async def GetSummary(
+        self, request: pb.GetSummaryRequest, context: grpc.aio.ServicerContext
+    ) -> pb.Summary:
+        counts = self._core.tracker.counts()
+        return pb.Summary(
+            pods=sum(counts.values()),
+            pods_by_state={pb.ServeState.Name(int(state)): counts[state] for state in ServeState},
+            agents_connected=self._core.agents_connected,
+            label_key=self._label_key,
+        )
+
+    async def WatchTransitions(
+        self, request: pb.WatchTransitionsRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.Transition]:
+        try:
+            async for transition in self._core.watch(request.namespace):
+                yield wire.transition_message(transition, *self._clocks())
+        except WatcherTooSlow as error:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(error))

@@ -1,0 +1,81 @@
+"""Every knob of the aggregator, in one frozen dataclass (flags and SERVE_HEALTH_* from it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from servehealth_common.config import setting
+
+
+def split_host_port(address: str) -> tuple[str, int]:
+    """``"0.0.0.0:50051"`` -> ``("0.0.0.0", 50051)``; ``"[::]:50051"`` -> ``("::", 50051)``."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise ValueError(f"not a HOST:PORT address: {address!r}")
+    return host.strip("[]"), int(port)
+
+
+@dataclass(frozen=True)
+class Settings:
+    listen: str = setting(
+        "0.0.0.0:50051",
+        "HOST:PORT of the gRPC server (reports, inspection, grpc.health.v1, reflection); "
+        "port 0 picks a free one.",
+    )
+    metrics_listen: str = setting(
+        "0.0.0.0:9090",
+        "HOST:PORT of the Prometheus endpoint (/metrics); empty disables it.",
+    )
+    kube_backend: str = setting(
+        "memory",
+        "Where pods and labels live. memory: pods register through their agent's hello and "
+        "labels are kept in the process (no cluster needed).",
+        choices=("memory",),
+    )
+    heartbeat_ttl: float = setting(
+        3.0, "A pod with no report for this long becomes SILENT.", duration=True
+    )
+    heartbeat_interval: float = setting(
+        1.0, "How often agents are asked to report when nothing changes.", duration=True
+    )
+    label_key: str = setting(
+        "ray.io/serve", "The pod label set to true (SERVING) or false (anything else)."
+    )
+    failure_threshold: int = setting(
+        1,
+        "Consecutive non-serving observations before a SERVING pod leaves service "
+        "(agents already confirm every failure with a second probe).",
+    )
+    success_threshold: int = setting(
+        2,
+        "Consecutive SERVING observations before a pod that left service returns "
+        "(hysteresis against flapping).",
+    )
+    max_message_bytes: int = setting(
+        64 * 1024, "Largest gRPC message accepted; larger ones end the stream (RESOURCE_EXHAUSTED)."
+    )
+    expiry_interval: float = setting(
+        0.25, "How often the aggregator looks for pods past the heartbeat TTL.", duration=True
+    )
+    shutdown_grace: float = setting(
+        2.0, "On SIGTERM, how long open streams get to finish before they are cut.", duration=True
+    )
+    log_level: str = setting("info", "Log level.", choices=("debug", "info", "warning", "error"))
+
+    def __post_init__(self) -> None:
+        split_host_port(self.listen)
+        if self.metrics_listen:
+            split_host_port(self.metrics_listen)
+        if self.heartbeat_interval <= 0 or self.heartbeat_ttl <= 0:
+            raise ValueError("--heartbeat-interval and --heartbeat-ttl must be positive")
+        if self.heartbeat_ttl <= self.heartbeat_interval:
+            raise ValueError(
+                f"--heartbeat-ttl ({self.heartbeat_ttl:g}s) must be longer than "
+                f"--heartbeat-interval ({self.heartbeat_interval:g}s), or every pod goes SILENT"
+            )
+        if self.failure_threshold < 1 or self.success_threshold < 1:
+            raise ValueError("--failure-threshold and --success-threshold must be at least 1")
+        if self.max_message_bytes < 1024:
+            raise ValueError("--max-message-bytes must be at least 1024")
+        if self.expiry_interval <= 0:
+            raise ValueError("--expiry-interval must be positive")

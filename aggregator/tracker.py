@@ -1,0 +1,234 @@
+"""Per-pod health state: the pure core of the aggregator.
+
+No I/O, no gRPC, no Kubernetes: observations come in with the time they were made (from an
+injected monotonic clock), transitions come out. Everything that talks to the outside world
+(servicers, registry backends, metrics) sits around this module and acts on the transitions.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from servehealth_common.states import ServeState, Source, label_value
+
+Clock = Callable[[], float]
+
+
+class PodKey(NamedTuple):
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """One look at a pod's proxy, by its agent (push) or by the aggregator (pull)."""
+
+    state: ServeState
+    reason: str = ""
+    http_status: int = 0
+    latency: float = 0.0
+    source: Source = Source.PUSH
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    key: PodKey
+    old: ServeState
+    new: ServeState
+    source: Source | None
+    reason: str
+    at: float  # monotonic
+
+    @property
+    def label_changed(self) -> bool:
+        return label_value(self.old) != label_value(self.new)
+
+
+@dataclass(slots=True)
+class TrackerSettings:
+    heartbeat_ttl: float = 3.0
+    failure_threshold: int = 1
+    success_threshold: int = 2
+
+
+@dataclass(slots=True)
+class PodRecord:
+    key: PodKey
+    uid: str
+    node_name: str
+    state: ServeState
+    state_since: float
+    touched_at: float  # last observation, or registration when nothing was observed yet
+    observed_at: float | None = None
+    source: Source | None = None
+    reason: str = ""
+    http_status: int = 0
+    latency: float = 0.0
+    streak: int = 0  # consecutive observations on the other side of "serving" than `state`
+    agent: int | None = None  # the stream that reports for this pod, if one does
+
+    @property
+    def desired_label(self) -> str:
+        return label_value(self.state)
+
+
+class Tracker:
+    """One record per pod; the only place where a pod's state changes."""
+
+    def __init__(self, settings: TrackerSettings, clock: Clock) -> None:
+        self.settings = settings
+        self._clock = clock
+        self._records: dict[PodKey, PodRecord] = {}
+        # Pods that can still fall silent, least recently touched first. Observations arrive in
+        # clock order, so moving a key to the end keeps the order and expiry stops at the
+        # first fresh pod: its cost is the number of pods that expire, not the fleet size.
+        self._by_touch: OrderedDict[PodKey, None] = OrderedDict()
+        self._counts: Counter[ServeState] = Counter()
+
+    # -- membership ---------------------------------------------------------------------
+
+    def register(self, key: PodKey, uid: str = "", node_name: str = "") -> PodRecord:
+        """Track ``key`` (UNKNOWN until observed); updates uid/node of a known pod."""
+        record = self._records.get(key)
+        if record is not None:
+            if uid and record.uid != uid:  # same name, new pod: start over
+                self.forget(key)
+            else:
+                record.node_name = node_name or record.node_name
+                return record
+        now = self._clock()
+        record = PodRecord(key, uid, node_name, ServeState.UNKNOWN, now, now)
+        self._records[key] = record
+        self._by_touch[key] = None
+        self._counts[ServeState.UNKNOWN] += 1
+        return record
+
+    def forget(self, key: PodKey) -> None:
+        record = self._records.pop(key, None)
+        if record is not None:
+            self._by_touch.pop(key, None)
+            self._counts[record.state] -= 1
+
+    def attach(self, key: PodKey, agent: int) -> None:
+        self._records[key].agent = agent
+
+    def detach(self, keys: Iterable[PodKey], agent: int) -> None:
+        """The stream ``agent`` closed: its pods have no agent (unless another took them over)."""
+        for key in keys:
+            record = self._records.get(key)
+            if record is not None and record.agent == agent:
+                record.agent = None
+
+    # -- observations -------------------------------------------------------------------
+
+    def observe(self, key: PodKey, observation: Observation) -> Transition | None:
+        """Record an observation of a registered pod; returns the transition it caused, if any."""
+        record = self._records[key]
+        now = self._clock()
+        record.touched_at = record.observed_at = now
+        record.source = observation.source
+        record.reason = observation.reason
+        record.http_status = observation.http_status
+        record.latency = observation.latency
+        by_touch = self._by_touch
+        if key in by_touch:
+            by_touch.move_to_end(key)
+        else:
+            by_touch[key] = None
+        return self._gate(record, observation.state, now, observation.source)
+
+    def expire(self) -> list[Transition]:
+        """Pods with no observation for longer than the heartbeat TTL become SILENT."""
+        now = self._clock()
+        deadline = now - self.settings.heartbeat_ttl
+        transitions: list[Transition] = []
+        by_touch = self._by_touch
+        records = self._records
+        while by_touch:
+            key = next(iter(by_touch))
+            record = records[key]
+            if record.touched_at > deadline:
+                break
+            del by_touch[key]
+            silent_for = now - record.touched_at
+            record.reason = (
+                f"No report for {silent_for:.1f}s (heartbeat TTL {self.settings.heartbeat_ttl:g}s)."
+            )
+            transition = self._gate(record, ServeState.SILENT, now, None)
+            if transition is not None:
+                transitions.append(transition)
+        return transitions
+
+    def _gate(
+        self, record: PodRecord, observed: ServeState, now: float, source: Source | None
+    ) -> Transition | None:
+        """The one transition function.
+
+        ::
+
+                        first observation (any state)
+            UNKNOWN ----------------------------------------> observed state
+                          failure_threshold consecutive
+                          non-SERVING observations
+            SERVING  ---------------------------------------> NOT_READY | DRAINING |
+               ^                                              NO_PROXY | UNHEALTHY
+               |         success_threshold consecutive          |  (moves between these
+               +------- SERVING observations (hysteresis) ------+   at once: the label
+                                                                     does not change)
+            any state ---- no observation for heartbeat_ttl ---> SILENT  (at once)
+            SILENT   ---- next observation, as from UNKNOWN ---> observed state
+
+        Only a change of side (serving or not) is held back by a threshold; an observation on
+        the same side as the current state resets the streak.
+        """
+        current = record.state
+        if observed is current:
+            record.streak = 0
+            return None
+        if current is ServeState.UNKNOWN or current is ServeState.SILENT:
+            pass  # nothing trusted to protect: take the observation as it is
+        elif observed is ServeState.SILENT:
+            pass  # the TTL already was the patience
+        elif observed.serving != current.serving:
+            record.streak += 1
+            threshold = (
+                self.settings.success_threshold
+                if observed.serving
+                else self.settings.failure_threshold
+            )
+            if record.streak < threshold:
+                return None
+        record.streak = 0
+        record.state = observed
+        record.state_since = now
+        counts = self._counts
+        counts[current] -= 1
+        counts[observed] += 1
+        return Transition(record.key, current, observed, source, record.reason, now)
+
+    # -- views --------------------------------------------------------------------------
+
+    def get(self, key: PodKey) -> PodRecord | None:
+        return self._records.get(key)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._records
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def records(self) -> Iterator[PodRecord]:
+        return iter(self._records.values())
+
+    def counts(self) -> dict[ServeState, int]:
+        """Pods per state; every state appears, zeros included."""
+        return {state: self._counts[state] for state in ServeState}
+
+    def now(self) -> float:
+        return self._clock()

@@ -1,0 +1,224 @@
+import datetime
+
+from google.protobuf import duration_pb2 as _duration_pb2
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ServeState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SERVE_STATE_UNSPECIFIED: _ClassVar[ServeState]
+    SERVE_STATE_SERVING: _ClassVar[ServeState]
+    SERVE_STATE_NOT_READY: _ClassVar[ServeState]
+    SERVE_STATE_DRAINING: _ClassVar[ServeState]
+    SERVE_STATE_NO_PROXY: _ClassVar[ServeState]
+    SERVE_STATE_UNHEALTHY: _ClassVar[ServeState]
+    SERVE_STATE_SILENT: _ClassVar[ServeState]
+    SERVE_STATE_UNKNOWN: _ClassVar[ServeState]
+
+class AgentMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    AGENT_MODE_UNSPECIFIED: _ClassVar[AgentMode]
+    AGENT_MODE_SIDECAR: _ClassVar[AgentMode]
+    AGENT_MODE_DAEMONSET: _ClassVar[AgentMode]
+
+class Source(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SOURCE_UNSPECIFIED: _ClassVar[Source]
+    SOURCE_PUSH: _ClassVar[Source]
+    SOURCE_PULL: _ClassVar[Source]
+    SOURCE_SEED: _ClassVar[Source]
+SERVE_STATE_UNSPECIFIED: ServeState
+SERVE_STATE_SERVING: ServeState
+SERVE_STATE_NOT_READY: ServeState
+SERVE_STATE_DRAINING: ServeState
+SERVE_STATE_NO_PROXY: ServeState
+SERVE_STATE_UNHEALTHY: ServeState
+SERVE_STATE_SILENT: ServeState
+SERVE_STATE_UNKNOWN: ServeState
+AGENT_MODE_UNSPECIFIED: AgentMode
+AGENT_MODE_SIDECAR: AgentMode
+AGENT_MODE_DAEMONSET: AgentMode
+SOURCE_UNSPECIFIED: Source
+SOURCE_PUSH: Source
+SOURCE_PULL: Source
+SOURCE_SEED: Source
+
+class PodRef(_message.Message):
+    __slots__ = ("namespace", "name", "uid")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    UID_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    name: str
+    uid: str
+    def __init__(self, namespace: _Optional[str] = ..., name: _Optional[str] = ..., uid: _Optional[str] = ...) -> None: ...
+
+class AgentMessage(_message.Message):
+    __slots__ = ("hello", "reports")
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    REPORTS_FIELD_NUMBER: _ClassVar[int]
+    hello: Hello
+    reports: ReportBatch
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., reports: _Optional[_Union[ReportBatch, _Mapping]] = ...) -> None: ...
+
+class Hello(_message.Message):
+    __slots__ = ("mode", "pod", "node_name", "agent_version")
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    POD_FIELD_NUMBER: _ClassVar[int]
+    NODE_NAME_FIELD_NUMBER: _ClassVar[int]
+    AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    mode: AgentMode
+    pod: PodRef
+    node_name: str
+    agent_version: str
+    def __init__(self, mode: _Optional[_Union[AgentMode, str]] = ..., pod: _Optional[_Union[PodRef, _Mapping]] = ..., node_name: _Optional[str] = ..., agent_version: _Optional[str] = ...) -> None: ...
+
+class ReportBatch(_message.Message):
+    __slots__ = ("reports",)
+    REPORTS_FIELD_NUMBER: _ClassVar[int]
+    reports: _containers.RepeatedCompositeFieldContainer[PodReport]
+    def __init__(self, reports: _Optional[_Iterable[_Union[PodReport, _Mapping]]] = ...) -> None: ...
+
+class PodReport(_message.Message):
+    __slots__ = ("pod", "state", "reason", "http_status", "probe_latency", "sequence")
+    POD_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    HTTP_STATUS_FIELD_NUMBER: _ClassVar[int]
+    PROBE_LATENCY_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    pod: PodRef
+    state: ServeState
+    reason: str
+    http_status: int
+    probe_latency: _duration_pb2.Duration
+    sequence: int
+    def __init__(self, pod: _Optional[_Union[PodRef, _Mapping]] = ..., state: _Optional[_Union[ServeState, str]] = ..., reason: _Optional[str] = ..., http_status: _Optional[int] = ..., probe_latency: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., sequence: _Optional[int] = ...) -> None: ...
+
+class AggregatorMessage(_message.Message):
+    __slots__ = ("settings", "ack")
+    SETTINGS_FIELD_NUMBER: _ClassVar[int]
+    ACK_FIELD_NUMBER: _ClassVar[int]
+    settings: AgentSettings
+    ack: Ack
+    def __init__(self, settings: _Optional[_Union[AgentSettings, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ...) -> None: ...
+
+class AgentSettings(_message.Message):
+    __slots__ = ("heartbeat_interval",)
+    HEARTBEAT_INTERVAL_FIELD_NUMBER: _ClassVar[int]
+    heartbeat_interval: _duration_pb2.Duration
+    def __init__(self, heartbeat_interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class Ack(_message.Message):
+    __slots__ = ("sequence",)
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    sequence: int
+    def __init__(self, sequence: _Optional[int] = ...) -> None: ...
+
+class ListPodsRequest(_message.Message):
+    __slots__ = ("namespace", "states")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    STATES_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    states: _containers.RepeatedScalarFieldContainer[ServeState]
+    def __init__(self, namespace: _Optional[str] = ..., states: _Optional[_Iterable[_Union[ServeState, str]]] = ...) -> None: ...
+
+class ListPodsResponse(_message.Message):
+    __slots__ = ("pods",)
+    PODS_FIELD_NUMBER: _ClassVar[int]
+    pods: _containers.RepeatedCompositeFieldContainer[Pod]
+    def __init__(self, pods: _Optional[_Iterable[_Union[Pod, _Mapping]]] = ...) -> None: ...
+
+class GetPodRequest(_message.Message):
+    __slots__ = ("namespace", "name")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    name: str
+    def __init__(self, namespace: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
+
+class GetSummaryRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class WatchTransitionsRequest(_message.Message):
+    __slots__ = ("namespace",)
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    def __init__(self, namespace: _Optional[str] = ...) -> None: ...
+
+class Pod(_message.Message):
+    __slots__ = ("namespace", "name", "uid", "node_name", "state", "reason", "http_status", "source", "last_report_age", "desired_label", "agent_connected", "probe_latency", "state_since")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    UID_FIELD_NUMBER: _ClassVar[int]
+    NODE_NAME_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    HTTP_STATUS_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    LAST_REPORT_AGE_FIELD_NUMBER: _ClassVar[int]
+    DESIRED_LABEL_FIELD_NUMBER: _ClassVar[int]
+    AGENT_CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    PROBE_LATENCY_FIELD_NUMBER: _ClassVar[int]
+    STATE_SINCE_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    name: str
+    uid: str
+    node_name: str
+    state: ServeState
+    reason: str
+    http_status: int
+    source: Source
+    last_report_age: _duration_pb2.Duration
+    desired_label: str
+    agent_connected: bool
+    probe_latency: _duration_pb2.Duration
+    state_since: _timestamp_pb2.Timestamp
+    def __init__(self, namespace: _Optional[str] = ..., name: _Optional[str] = ..., uid: _Optional[str] = ..., node_name: _Optional[str] = ..., state: _Optional[_Union[ServeState, str]] = ..., reason: _Optional[str] = ..., http_status: _Optional[int] = ..., source: _Optional[_Union[Source, str]] = ..., last_report_age: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., desired_label: _Optional[str] = ..., agent_connected: _Optional[bool] = ..., probe_latency: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., state_since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class Summary(_message.Message):
+    __slots__ = ("pods", "pods_by_state", "agents_connected", "label_key")
+    class PodsByStateEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    PODS_FIELD_NUMBER: _ClassVar[int]
+    PODS_BY_STATE_FIELD_NUMBER: _ClassVar[int]
+    AGENTS_CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    LABEL_KEY_FIELD_NUMBER: _ClassVar[int]
+    pods: int
+    pods_by_state: _containers.ScalarMap[str, int]
+    agents_connected: int
+    label_key: str
+    def __init__(self, pods: _Optional[int] = ..., pods_by_state: _Optional[_Mapping[str, int]] = ..., agents_connected: _Optional[int] = ..., label_key: _Optional[str] = ...) -> None: ...
+
+class Transition(_message.Message):
+    __slots__ = ("namespace", "name", "from_state", "to_state", "source", "reason", "desired_label", "time")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    FROM_STATE_FIELD_NUMBER: _ClassVar[int]
+    TO_STATE_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    DESIRED_LABEL_FIELD_NUMBER: _ClassVar[int]
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    name: str
+    from_state: ServeState
+    to_state: ServeState
+    source: Source
+    reason: str
+    desired_label: str
+    time: _timestamp_pb2.Timestamp
+    def __init__(self, namespace: _Optional[str] = ..., name: _Optional[str] = ..., from_state: _Optional[_Union[ServeState, str]] = ..., to_state: _Optional[_Union[ServeState, str]] = ..., source: _Optional[_Union[Source, str]] = ..., reason: _Optional[str] = ..., desired_label: _Optional[str] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...

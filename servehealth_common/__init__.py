@@ -1,0 +1,1 @@
+"""Code shared by the node agent and the aggregator: states, proxy classification, settings."""

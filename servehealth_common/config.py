@@ -1,0 +1,144 @@
+"""Settings dataclasses become command lines: one flag per field, each also read from the
+environment as ``SERVE_HEALTH_<FIELD>``.
+
+A field declares itself with :func:`setting`; its ``help`` is the one line of documentation it
+gets, on ``--help`` and in the docs. Precedence: flag, then environment, then default.
+Durations accept ``500ms``, ``3s``, ``1m`` or plain seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+ENV_PREFIX = "SERVE_HEALTH_"
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?|\.\d+)\s*(ms|s|m|h)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+def parse_duration(text: str) -> float:
+    """``"500ms"`` -> 0.5, ``"3s"`` -> 3.0, ``"2"`` -> 2.0 (seconds)."""
+    match = _DURATION.match(text)
+    if not match:
+        raise ValueError(f"not a duration: {text!r} (use e.g. 500ms, 3s, 1m)")
+    return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+def parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in {"1", "true", "yes", "on"}:
+        return True
+    if lowered in {"0", "false", "no", "off"}:
+        return False
+    raise ValueError(f"not a boolean: {text!r} (use true or false)")
+
+
+def setting(
+    default: Any,
+    help: str,
+    *,
+    duration: bool = False,
+    choices: Sequence[str] | None = None,
+    metavar: str | None = None,
+) -> Any:
+    """Declare a settings field with its documentation."""
+    return dataclasses.field(
+        default=default,
+        metadata={"help": help, "duration": duration, "choices": choices, "metavar": metavar},
+    )
+
+
+def flag_name(field: dataclasses.Field[Any]) -> str:
+    return "--" + field.name.replace("_", "-")
+
+
+def env_name(field: dataclasses.Field[Any]) -> str:
+    return ENV_PREFIX + field.name.upper()
+
+
+def _parser_for(field: dataclasses.Field[Any], kind: type) -> Callable[[str], Any]:
+    if field.metadata.get("duration"):
+        return parse_duration
+    if kind is bool:
+        return parse_bool
+    return kind
+
+
+def _render_default(field: dataclasses.Field[Any]) -> str:
+    value = field.default
+    if field.metadata.get("duration"):
+        return f"{value * 1000:g}ms" if value < 1 else f"{value:g}s"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
+
+
+def describe(cls: type) -> list[dict[str, str]]:
+    """One row per setting (flag, environment variable, default, help): for docs and --help."""
+    return [
+        {
+            "flag": flag_name(f),
+            "env": env_name(f),
+            "default": _render_default(f),
+            "help": f.metadata["help"],
+        }
+        for f in dataclasses.fields(cls)
+    ]
+
+
+def build_parser(
+    cls: type, prog: str, description: str, environ: Mapping[str, str]
+) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=description,
+        epilog=f"Every flag can also be set as an environment variable {ENV_PREFIX}<NAME>, "
+        f"e.g. {env_name(dataclasses.fields(cls)[0])}.",
+    )
+    hints = typing.get_type_hints(cls)
+    for field in dataclasses.fields(cls):
+        convert = _parser_for(field, hints[field.name])
+        default = field.default
+        env = env_name(field)
+        if env in environ:
+            try:
+                default = convert(environ[env])
+            except ValueError as error:
+                parser.error(f"environment variable {env}: {error}")
+        choices = field.metadata.get("choices")
+        if choices and default not in choices:
+            parser.error(f"environment variable {env}: {default!r} is not one of {list(choices)}")
+        parser.add_argument(
+            flag_name(field),
+            dest=field.name,
+            type=convert,
+            default=default,
+            choices=choices,
+            metavar=field.metadata.get("metavar") or (None if choices else field.name.upper()),
+            help=f"{field.metadata['help']} (default: {_render_default(field)}; env {env})",
+        )
+    return parser
+
+
+def load(
+    cls: type[T],
+    argv: Sequence[str] | None,
+    environ: Mapping[str, str],
+    prog: str,
+    description: str,
+) -> T:
+    """Build ``cls`` from flags and the environment; exits with a usage error on bad input."""
+    parser = build_parser(cls, prog, description, environ)
+    namespace = parser.parse_args(argv)
+    try:
+        return cls(**vars(namespace))
+    except ValueError as error:  # __post_init__ validation
+        parser.error(str(error))
+        raise  # unreachable; parser.error exits

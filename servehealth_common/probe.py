@@ -1,0 +1,90 @@
+"""Probe a Ray Serve HTTP proxy over HTTP (aiohttp adapter around :mod:`classify`).
+
+Used by the node agent for its own pods and, as the pull fallback, by the aggregator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import aiohttp
+from yarl import URL
+
+from servehealth_common import classify
+from servehealth_common.states import ServeState
+
+#: Proxies answer a few bytes; never read more than this from one.
+MAX_BODY_BYTES = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeResult:
+    state: ServeState
+    reason: str
+    http_status: int  # 0 when no HTTP answer was received
+    latency: float  # seconds
+
+    @property
+    def serving(self) -> bool:
+        return self.state is ServeState.SERVING
+
+
+def routes_url(healthz_url: str) -> str:
+    """``http://host:port/-/routes`` for a ``.../-/healthz`` URL."""
+    return str(URL(healthz_url).with_path("/-/routes"))
+
+
+def make_session(max_connections: int = 0) -> aiohttp.ClientSession:
+    """A client session for probes: no cookies, no proxies from the environment.
+
+    ``max_connections=0`` means unlimited; the caller bounds concurrency itself.
+    """
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=max_connections, limit_per_host=0),
+        cookie_jar=aiohttp.DummyCookieJar(),
+        trust_env=False,
+        timeout=aiohttp.ClientTimeout(total=None),
+    )
+
+
+class Prober:
+    """Answers "what state is the proxy at this URL in?" within ``timeout`` seconds."""
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        timeout: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._session = session
+        self._timeout = timeout
+        self._clock = clock
+
+    async def probe(self, healthz_url: str) -> ProbeResult:
+        started = self._clock()
+        status = 0
+        try:
+            async with asyncio.timeout(self._timeout):
+                status, body = await self._get(healthz_url)
+                verdict = classify.classify_healthz(status, body)
+                if verdict.state is ServeState.SERVING:
+                    routes_status, routes_body = await self._get(routes_url(healthz_url))
+                    verdict = classify.classify_routes(routes_status, routes_body)
+        except TimeoutError:
+            verdict = classify.timed_out(self._timeout)
+        except aiohttp.ClientConnectorError as error:
+            if isinstance(error.os_error, ConnectionRefusedError):
+                verdict = classify.connection_refused()
+            else:
+                verdict = classify.transport_error(error)
+        except aiohttp.ClientError as error:
+            verdict = classify.transport_error(error)
+        return ProbeResult(verdict.state, verdict.reason, status, self._clock() - started)
+
+    async def _get(self, url: str) -> tuple[int, str]:
+        async with self._session.get(url, allow_redirects=False) as response:
+            raw = await response.content.read(MAX_BODY_BYTES)
+            return response.status, raw.decode(errors="replace")

@@ -1,0 +1,101 @@
+"""Fixtures shared by every test module: fake proxies, in-process aggregators, leak checks."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+import pytest
+
+from aggregator.server import Aggregator
+from aggregator.settings import Settings
+from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
+from tests.fakes import FakeServeProxy
+
+StartAggregator = Callable[..., Awaitable[Aggregator]]
+
+
+@pytest.fixture(autouse=True)
+async def _no_leaked_tasks() -> AsyncIterator[None]:
+    """Fail a test that leaves asyncio tasks running (kopf's habit)."""
+    yield
+    current = asyncio.current_task()
+    leftovers = [
+        task
+        for task in asyncio.all_tasks()
+        if task is not current and not task.done() and not _is_grpc_internal(task)
+    ]
+    for task in leftovers:
+        task.cancel()
+    assert not leftovers, f"test left tasks running: {leftovers}"
+
+
+def _is_grpc_internal(task: asyncio.Task[Any]) -> bool:
+    # grpc.aio finishes its own bookkeeping tasks shortly after a server or channel closes.
+    coro = task.get_coro()
+    return coro is not None and "grpc" in getattr(coro, "__qualname__", "") + str(
+        getattr(coro, "cr_code", "")
+    )
+
+
+@pytest.fixture
+async def fake_proxy() -> AsyncIterator[FakeServeProxy]:
+    proxy = await FakeServeProxy().start()
+    yield proxy
+    await proxy.stop()
+
+
+@pytest.fixture
+async def start_aggregator() -> AsyncIterator[StartAggregator]:
+    """``await start_aggregator(heartbeat_ttl=0.5, ...)``: an aggregator on 127.0.0.1:0."""
+    started: list[Aggregator] = []
+
+    async def start(**overrides: Any) -> Aggregator:
+        settings = Settings(
+            **{
+                "listen": "127.0.0.1:0",
+                "metrics_listen": "127.0.0.1:0",
+                "shutdown_grace": 0.2,
+                **overrides,
+            }
+        )
+        aggregator = Aggregator(settings)
+        await aggregator.start()
+        started.append(aggregator)
+        return aggregator
+
+    yield start
+    for aggregator in started:
+        await aggregator.stop()
+
+
+@pytest.fixture
+async def aggregator(start_aggregator: StartAggregator) -> Aggregator:
+    return await start_aggregator()
+
+
+@pytest.fixture
+async def inspection(
+    aggregator: Aggregator,
+) -> AsyncIterator[pb_grpc.InspectionServiceStub]:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{aggregator.port}") as channel:
+        yield pb_grpc.InspectionServiceStub(channel)
+
+
+async def eventually(
+    check: Callable[[], Any], timeout: float = 5.0, interval: float = 0.02
+) -> Any:
+    """Poll ``check`` (sync or async) until it returns a truthy value or ``timeout`` passes."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        value = check()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return value
+        if loop.time() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s: {check}")
+        await asyncio.sleep(interval)

@@ -1,0 +1,88 @@
+"""Real servers that behave like parts of a Ray Serve proxy, for tests and benchmarks.
+
+A :class:`FakeServeProxy` is a real aiohttp HTTP server on a loopback port that answers
+``/-/healthz`` and ``/-/routes`` the way Ray Serve's proxy does in each of its states.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+HEALTHY = (200, "success")
+NOT_POPULATED = (503, "Route table is not populated yet.")
+NO_REPLICAS = (503, "No replicas are available yet.")
+DRAINING = (503, "This node is being drained.")
+ROUTES = (200, json.dumps({"/": "app"}))
+NO_ROUTES = (200, "{}")
+
+
+@dataclass
+class FakeServeProxy:
+    """``healthz``/``routes`` are (status, body); ``hang`` makes every request wait forever."""
+
+    healthz: tuple[int, str] = HEALTHY
+    routes: tuple[int, str] = ROUTES
+    hang: bool = False
+    host: str = "127.0.0.1"
+    port: int = 0
+    requests: int = 0
+    _runner: web.AppRunner | None = field(default=None, repr=False)
+    _release: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}/-/healthz"
+
+    def set(self, healthz: tuple[int, str], routes: tuple[int, str] = ROUTES) -> None:
+        self.healthz, self.routes, self.hang = healthz, routes, False
+
+    async def _answer(self, answer: tuple[int, str]) -> web.Response:
+        self.requests += 1
+        if self.hang:
+            await self._release.wait()
+        status, body = answer
+        return web.Response(status=status, text=body)
+
+    async def start(self) -> FakeServeProxy:
+        app = web.Application()
+        app.router.add_get("/-/healthz", lambda _: self._answer(self.healthz))
+        app.router.add_get("/-/routes", lambda _: self._answer(self.routes))
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        await site.start()
+        self.port = self._runner.addresses[0][1]
+        return self
+
+    async def stop(self) -> None:
+        """Stop listening: from now on the port refuses connections."""
+        self._release.set()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+
+async def silent_server(host: str = "127.0.0.1") -> asyncio.Server:
+    """A TCP server that accepts connections and never answers (a hung proxy)."""
+    writers: list[asyncio.StreamWriter] = []
+
+    async def hold(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writers.append(writer)  # keep the connection open, say nothing
+
+    return await asyncio.start_server(hold, host, 0)
+
+
+def refused_port(host: str = "127.0.0.1") -> int:
+    """A loopback port with nothing listening on it (connections are refused)."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    return refused_port(host)
