@@ -61,6 +61,7 @@ class Aggregator:
         self.registry = registry or make_registry(settings)
         self.core = Core(self.tracker, self.registry, self.metrics)
         self.health = health.aio.HealthServicer()
+        self._reports = ReportService(self.core, settings.heartbeat_interval)
         self.port = 0
         self.metrics_port = 0
         self._server: grpc.aio.Server | None = None
@@ -80,9 +81,7 @@ class Aggregator:
                 ("grpc.http2.max_ping_strikes", 0),
             ]
         )
-        pb_grpc.add_ReportServiceServicer_to_server(
-            ReportService(self.core, settings.heartbeat_interval), server
-        )
+        pb_grpc.add_ReportServiceServicer_to_server(self._reports, server)
         pb_grpc.add_InspectionServiceServicer_to_server(
             InspectionService(self.core, settings.label_key), server
         )
@@ -139,6 +138,7 @@ class Aggregator:
         log.info("draining: health NOT_SERVING, closing streams")
         await self.health.enter_graceful_shutdown()
         self.core.close_watchers()
+        self._reports.close_streams()
         if self._expiry is not None:
             self._expiry.cancel()
             with contextlib.suppress(asyncio.CancelledError):

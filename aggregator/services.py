@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -21,6 +23,7 @@ log = logging.getLogger(__name__)
 class ReportService(pb_grpc.ReportServiceServicer):
     def __init__(self, core: Core, heartbeat_interval: float) -> None:
         self._core = core
+        self._draining: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._settings = pb.AggregatorMessage(
             settings=pb.AgentSettings(heartbeat_interval=wire.duration(heartbeat_interval))
         )
@@ -37,6 +40,25 @@ class ReportService(pb_grpc.ReportServiceServicer):
         request_iterator: AsyncIterator[pb.AgentMessage],
         context: grpc.aio.ServicerContext,
     ) -> None:
+        # The stream is served in a task of its own so that a drain can end it with a
+        # status (cancelling the handler itself would close it with no status at all).
+        stream = asyncio.ensure_future(self._serve_stream(context))
+        await asyncio.wait((stream, self._draining), return_when=asyncio.FIRST_COMPLETED)
+        if not stream.done():
+            stream.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await stream
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE, "aggregator is shutting down; reconnect"
+            )
+        stream.result()  # re-raise the abort of a rejected stream
+
+    def close_streams(self) -> None:
+        """End every open Report stream now with UNAVAILABLE (drain); agents reconnect."""
+        if not self._draining.done():
+            self._draining.set_result(None)
+
+    async def _serve_stream(self, context: grpc.aio.ServicerContext) -> None:
         first = await context.read()
         if first is grpc.aio.EOF:
             return

@@ -49,9 +49,15 @@ class FakeServeProxy:
         return web.Response(status=status, text=body)
 
     async def start(self) -> FakeServeProxy:
+        async def healthz(_: web.Request) -> web.Response:
+            return await self._answer(self.healthz)
+
+        async def routes(_: web.Request) -> web.Response:
+            return await self._answer(self.routes)
+
         app = web.Application()
-        app.router.add_get("/-/healthz", lambda _: self._answer(self.healthz))
-        app.router.add_get("/-/routes", lambda _: self._answer(self.routes))
+        app.router.add_get("/-/healthz", healthz)
+        app.router.add_get("/-/routes", routes)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)

@@ -1,0 +1,192 @@
+"""The classification table of ``servehealth_common.classify``: what each proxy answer means.
+
+Pure functions, no I/O: every row of the table in the module docstring, plus the reason
+truncation rules (at most 256 bytes of UTF-8, never a split character).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from servehealth_common import classify
+from servehealth_common.classify import (
+    REASON_MAX_BYTES,
+    Verdict,
+    classify_healthz,
+    classify_routes,
+    truncate_reason,
+)
+from servehealth_common.states import ServeState
+
+DRAINING = "This node is being drained."
+NOT_POPULATED = "Route table is not populated yet."
+NO_REPLICAS = "No replicas are available yet."
+EMPTY_ROUTES = "No applications are deployed (empty route table)."
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "expected"),
+    [
+        pytest.param(200, "success", Verdict(ServeState.SERVING, "success"), id="200-success"),
+        pytest.param(
+            200, "success\n", Verdict(ServeState.SERVING, "success"), id="200-success-newline"
+        ),
+        pytest.param(
+            200, "  success  ", Verdict(ServeState.SERVING, "success"), id="200-success-padded"
+        ),
+        pytest.param(503, DRAINING, Verdict(ServeState.DRAINING, DRAINING), id="503-draining"),
+        pytest.param(
+            503, DRAINING + "\n", Verdict(ServeState.DRAINING, DRAINING), id="503-draining-newline"
+        ),
+        pytest.param(
+            503, NOT_POPULATED, Verdict(ServeState.NOT_READY, NOT_POPULATED), id="503-not-populated"
+        ),
+        pytest.param(
+            503, NO_REPLICAS, Verdict(ServeState.NOT_READY, NO_REPLICAS), id="503-no-replicas"
+        ),
+        pytest.param(
+            503,
+            "Service Unavailable",
+            Verdict(ServeState.NOT_READY, "Service Unavailable"),
+            id="503-other",
+        ),
+        pytest.param(503, "", Verdict(ServeState.NOT_READY, "HTTP 503"), id="503-empty-body"),
+        pytest.param(503, "  \n", Verdict(ServeState.NOT_READY, "HTTP 503"), id="503-blank-body"),
+        pytest.param(
+            200, "Success", Verdict(ServeState.UNHEALTHY, "HTTP 200: Success"), id="200-wrong-case"
+        ),
+        pytest.param(200, "ok", Verdict(ServeState.UNHEALTHY, "HTTP 200: ok"), id="200-other"),
+        pytest.param(200, "", Verdict(ServeState.UNHEALTHY, "HTTP 200:"), id="200-empty"),
+        pytest.param(
+            500, "boom", Verdict(ServeState.UNHEALTHY, "HTTP 500: boom"), id="500-internal-error"
+        ),
+        pytest.param(
+            500, "success", Verdict(ServeState.UNHEALTHY, "HTTP 500: success"), id="500-success"
+        ),
+        pytest.param(404, "nope", Verdict(ServeState.UNHEALTHY, "HTTP 404: nope"), id="404"),
+        pytest.param(
+            502, DRAINING, Verdict(ServeState.UNHEALTHY, f"HTTP 502: {DRAINING}"), id="502-draining"
+        ),
+        pytest.param(
+            301, "", Verdict(ServeState.UNHEALTHY, "HTTP 301:"), id="301-redirect-not-followed"
+        ),
+    ],
+)
+def test_classify_healthz(status: int, body: str, expected: Verdict) -> None:
+    assert classify_healthz(status, body) == expected
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "expected"),
+    [
+        pytest.param(
+            200, '{"/": "app"}', Verdict(ServeState.SERVING, "success"), id="200-one-route"
+        ),
+        pytest.param(
+            200,
+            '{"/a": "app1", "/b": "app2"}',
+            Verdict(ServeState.SERVING, "success"),
+            id="200-two-routes",
+        ),
+        pytest.param(200, "{}", Verdict(ServeState.NOT_READY, EMPTY_ROUTES), id="200-empty-table"),
+        pytest.param(
+            200, " {}\n", Verdict(ServeState.NOT_READY, EMPTY_ROUTES), id="200-empty-table-padded"
+        ),
+        pytest.param(
+            200,
+            "<html>",
+            Verdict(ServeState.UNHEALTHY, "/-/routes is not JSON: <html>"),
+            id="200-not-json",
+        ),
+        pytest.param(
+            200, "", Verdict(ServeState.UNHEALTHY, "/-/routes is not JSON:"), id="200-empty-body"
+        ),
+        pytest.param(503, DRAINING, Verdict(ServeState.DRAINING, DRAINING), id="503-draining"),
+        pytest.param(
+            503, NOT_POPULATED, Verdict(ServeState.NOT_READY, NOT_POPULATED), id="503-not-populated"
+        ),
+        pytest.param(503, "", Verdict(ServeState.NOT_READY, "HTTP 503"), id="503-empty"),
+        pytest.param(500, "boom", Verdict(ServeState.UNHEALTHY, "HTTP 500: boom"), id="500"),
+        pytest.param(404, "", Verdict(ServeState.UNHEALTHY, "HTTP 404:"), id="404"),
+    ],
+)
+def test_classify_routes(status: int, body: str, expected: Verdict) -> None:
+    assert classify_routes(status, body) == expected
+
+
+def test_transport_verdicts() -> None:
+    assert classify.connection_refused() == Verdict(
+        ServeState.NO_PROXY, "Connection refused: no Serve proxy is listening."
+    )
+    assert classify.timed_out(0.2) == Verdict(ServeState.UNHEALTHY, "No answer within 200 ms.")
+    assert classify.timed_out(1.5) == Verdict(ServeState.UNHEALTHY, "No answer within 1500 ms.")
+    assert classify.transport_error(OSError("reset by peer")) == Verdict(
+        ServeState.UNHEALTHY, "Probe failed: reset by peer"
+    )
+    # An exception without a message is named by its type.
+    assert classify.transport_error(ConnectionResetError()) == Verdict(
+        ServeState.UNHEALTHY, "Probe failed: ConnectionResetError"
+    )
+
+
+def test_long_bodies_are_truncated_in_verdicts() -> None:
+    verdict = classify_healthz(500, "x" * 10_000)
+    assert verdict.state is ServeState.UNHEALTHY
+    assert verdict.reason.startswith("HTTP 500: xxx")
+    assert verdict.reason.endswith("...")
+    assert len(verdict.reason.encode()) == REASON_MAX_BYTES
+
+    verdict = classify_healthz(503, "y" * 10_000)
+    assert verdict.state is ServeState.NOT_READY
+    assert len(verdict.reason.encode()) == REASON_MAX_BYTES
+
+    verdict = classify_routes(200, "not json " * 100)
+    assert verdict.state is ServeState.UNHEALTHY
+    assert len(verdict.reason.encode()) <= REASON_MAX_BYTES
+
+    verdict = classify.transport_error(OSError("z" * 1000))
+    assert len(verdict.reason.encode()) <= REASON_MAX_BYTES
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param("", "", id="empty"),
+        pytest.param("short reason", "short reason", id="short"),
+        pytest.param("  padded\n", "padded", id="stripped"),
+        pytest.param("a" * 256, "a" * 256, id="ascii-exactly-256"),
+        pytest.param("a" * 257, "a" * 253 + "...", id="ascii-257"),
+        pytest.param("a" * 1000, "a" * 253 + "...", id="ascii-1000"),
+        pytest.param("é" * 128, "é" * 128, id="2-byte-exactly-256"),
+        # 253 bytes would end in the middle of the 127th "é": it is dropped, not split.
+        pytest.param("é" * 129, "é" * 126 + "...", id="2-byte-split"),
+        pytest.param("€" * 100, "€" * 84 + "...", id="3-byte-split"),
+        pytest.param("🙂" * 100, "🙂" * 63 + "...", id="4-byte-split"),
+        pytest.param("a" + "🙂" * 100, "a" + "🙂" * 63 + "...", id="4-byte-offset-1"),
+        pytest.param("ab" + "🙂" * 100, "ab" + "🙂" * 62 + "...", id="4-byte-offset-2"),
+    ],
+)
+def test_truncate_reason(text: str, expected: str) -> None:
+    result = truncate_reason(text)
+    assert result == expected
+    assert len(result.encode()) <= REASON_MAX_BYTES
+    assert "\ufffd" not in result
+
+
+@pytest.mark.parametrize("char", ["a", "é", "€", "🙂", "中"])
+@pytest.mark.parametrize("length", [200, 255, 256, 257, 300, 5000])
+def test_truncate_reason_never_splits_a_character(char: str, length: int) -> None:
+    text = "x" + char * length
+    result = truncate_reason(text)
+    encoded = result.encode()
+    assert len(encoded) <= REASON_MAX_BYTES
+    assert "\ufffd" not in result
+    if len(text.encode()) <= REASON_MAX_BYTES:
+        assert result == text
+    else:
+        assert result.endswith("...")
+        kept = result.removesuffix("...")
+        assert text.startswith(kept)
+        # As much as fits: adding the next character would pass the limit.
+        next_char = text[len(kept)]
+        assert len((kept + next_char).encode()) + 3 > REASON_MAX_BYTES
