@@ -58,7 +58,10 @@ class Settings:
         0.25, "How often the aggregator looks for pods past the heartbeat TTL.", duration=True
     )
     shutdown_grace: float = setting(
-        2.0, "On SIGTERM, how long open streams get to finish before they are cut.", duration=True
+        2.0,
+        "On SIGTERM, how long in-flight inspection calls get to finish; report streams are "
+        "closed at once with UNAVAILABLE so agents reconnect elsewhere.",
+        duration=True,
     )
     log_level: str = setting("info", "Log level.", choices=("debug", "info", "warning", "error"))
 
