@@ -9,6 +9,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
+from aggregator.kube.api import NoKubeConfig
 from aggregator.server import Aggregator
 from aggregator.settings import Settings
 from servehealth_common.config import load
@@ -43,6 +44,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         asyncio.run(run(settings))
+    except NoKubeConfig as error:
+        logging.getLogger("aggregator").error("cannot start: %s", error)
+        return 1
     except OSError as error:
         logging.getLogger("aggregator").error("cannot start: %s", error)
         return 1

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from aggregator.metrics import Metrics
 from aggregator.registry import PodInfo, PodRegistry
 from aggregator.tracker import Observation, PodKey, Tracker, Transition
-from servehealth_common.states import label_value
+from servehealth_common.states import ServeState, label_value
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +95,25 @@ class Core:
         self._agents.discard(stream)
         self.metrics.agents_connected.set(len(self._agents))
 
+    # -- pods the registry discovers (PodSink) -------------------------------------------
+
+    def pod_seen(self, pod: PodInfo, label: str | None) -> None:
+        """A discovered pod. A pod new to the tracker that already carries ``true`` starts as
+        SERVING (source SEED): a restarted aggregator takes over without writing anything."""
+        new = pod.key not in self.tracker
+        self.tracker.register(pod.key, pod.uid, pod.node_name)
+        if new and label == "true":
+            self.tracker.seed(pod.key, ServeState.SERVING)
+
+    def pod_gone(self, key: PodKey) -> None:
+        if key in self.tracker:
+            log.info("pod %s deleted; forgetting it", key)
+        self.tracker.forget(key)
+
+    def desired_label(self, key: PodKey) -> str | None:
+        record = self.tracker.get(key)
+        return record.desired_label if record is not None else None
+
     # -- time ---------------------------------------------------------------------------
 
     def expire(self) -> None:
@@ -119,7 +138,7 @@ class Core:
         if transition.label_changed:
             self.metrics.label_changes.labels(new_label).inc()
         if self.registry.label(transition.key) != new_label:
-            self.registry.set_label(transition.key, new_label)
+            self.registry.desire(transition.key, new_label, transition)
         for watcher in self._watchers:
             if watcher.namespace and watcher.namespace != transition.key.namespace:
                 continue

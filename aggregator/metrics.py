@@ -61,5 +61,39 @@ class Metrics:
             f"{PREFIX}_transition_watchers", "Open WatchTransitions streams.", registry=r
         )
 
+        self.label_writes = Counter(
+            f"{PREFIX}_label_writes",
+            "Kubernetes writes of the serve label or readiness condition, by kind and result "
+            "(success, error, not_found, conflict).",
+            ["kind", "result"],
+            registry=r,
+        )
+        self.api_retries = Counter(
+            f"{PREFIX}_api_retries",
+            "Kubernetes API requests that will be retried, by HTTP status (or transport).",
+            ["status"],
+            registry=r,
+        )
+        self.watch_restarts = Counter(
+            f"{PREFIX}_watch_restarts",
+            "Pod watch restarts, by reason (ended, gone = 410 and re-list, error).",
+            ["reason"],
+            registry=r,
+        )
+        self.events = Counter(
+            f"{PREFIX}_events",
+            "Kubernetes Events about label changes, by result (sent, error, dropped).",
+            ["result"],
+            registry=r,
+        )
+
     def track_pods(self, counts: Callable[[], dict[ServeState, int]]) -> None:
         self.registry.register(_PodsByState(counts))
+
+    def track_writer(self, pending: Callable[[], int]) -> None:
+        gauge = Gauge(
+            f"{PREFIX}_writes_pending",
+            "Label or condition writes waiting (queued, in flight or backing off).",
+            registry=self.registry,
+        )
+        gauge.set_function(pending)

@@ -10,8 +10,9 @@ from __future__ import annotations
 import abc
 import logging
 from dataclasses import dataclass
+from typing import Protocol
 
-from aggregator.tracker import PodKey
+from aggregator.tracker import PodKey, Transition
 
 log = logging.getLogger(__name__)
 
@@ -21,15 +22,32 @@ class PodInfo:
     key: PodKey
     uid: str = ""
     node_name: str = ""
+    pod_ip: str = ""  # for the pull fallback; unknown in the memory backend
+    serve_port: int = 0
+
+
+class PodSink(Protocol):
+    """What a registry tells the core about pods it discovers (the core implements it)."""
+
+    def pod_seen(self, pod: PodInfo, label: str | None) -> None:
+        """A pod exists (new or changed); ``label`` is the serve label it carries now."""
+
+    def pod_gone(self, key: PodKey) -> None:
+        """A pod was deleted: forget it, write nothing to it."""
+
+    def desired_label(self, key: PodKey) -> str | None:
+        """The label the core wants for ``key`` (None if it does not track it)."""
 
 
 class PodRegistry(abc.ABC):
-    """The seam between the core and wherever pods live (memory now, Kubernetes later)."""
+    """The seam between the core and wherever pods live (memory or Kubernetes)."""
 
     name: str
+    #: Whether start() registers pods the cluster already has (and seeds them from labels).
+    seeds_from_cluster = False
 
-    async def start(self) -> None:  # noqa: B027 - optional hook
-        """Begin discovery and writing; the default has nothing to start."""
+    async def start(self, sink: PodSink) -> None:  # noqa: B027 - optional hook
+        """Begin discovery and writing; discovered pods are reported to ``sink``."""
 
     async def stop(self) -> None:  # noqa: B027 - optional hook
         """Stop background work; the default has nothing to stop."""
@@ -39,8 +57,15 @@ class PodRegistry(abc.ABC):
         """An agent names ``pod``: may the aggregator track it?"""
 
     @abc.abstractmethod
-    def set_label(self, key: PodKey, value: str) -> None:
-        """Make the pod's label say ``value`` (applied in the background by writing backends)."""
+    def desire(self, key: PodKey, value: str, transition: Transition | None = None) -> None:
+        """Make the pod's label say ``value`` (applied in the background by writing backends).
+
+        ``transition`` is the state change behind it, for events and condition messages.
+        """
+
+    def pod(self, key: PodKey) -> PodInfo | None:
+        """What the backend knows of the pod (address and port for pulls)."""
+        return None
 
     @abc.abstractmethod
     def label(self, key: PodKey) -> str | None:
@@ -62,7 +87,7 @@ class MemoryRegistry(PodRegistry):
     def admit(self, pod: PodInfo) -> bool:
         return True
 
-    def set_label(self, key: PodKey, value: str) -> None:
+    def desire(self, key: PodKey, value: str, transition: Transition | None = None) -> None:
         if self._labels.get(key) != value:
             self._labels[key] = value
             log.info("label %s=%s on pod %s (memory backend)", self.label_key, value, key)

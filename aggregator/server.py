@@ -15,6 +15,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from aggregator import __version__
 from aggregator.core import Core
+from aggregator.kube.api import KubeApi, find_config, load_configuration
+from aggregator.kube.registry import KubeRegistry, KubeSettings
 from aggregator.metrics import Metrics
 from aggregator.registry import MemoryRegistry, PodRegistry
 from aggregator.services import InspectionService, ReportService
@@ -32,10 +34,39 @@ SERVICE_NAMES = (
 )
 
 
-def make_registry(settings: Settings) -> PodRegistry:
-    if settings.kube_backend == "memory":
+def make_registry(settings: Settings, metrics: Metrics) -> PodRegistry:
+    """The backend the settings ask for; ``auto`` picks kubernetes when a config is found."""
+    backend = settings.kube_backend
+    if backend == "auto":
+        found = find_config(settings.kubeconfig)
+        backend = "kubernetes" if found else "memory"
+        log.info(
+            "--kube-backend auto: %s",
+            f"using kubernetes ({found})" if found else "no Kubernetes configuration, using memory",
+        )
+    if backend == "memory":
         return MemoryRegistry(settings.label_key)
-    raise ValueError(f"unknown --kube-backend {settings.kube_backend!r}")
+    api = KubeApi(
+        load_configuration(settings.kubeconfig),
+        timeout=settings.kube_timeout,
+        concurrency=settings.kube_concurrency,
+    )
+    return KubeRegistry(
+        api,
+        KubeSettings(
+            namespaces=settings.namespace,
+            pod_selector=settings.pod_selector,
+            proxy_port=settings.proxy_port,
+            label_key=settings.label_key,
+            mode=settings.mode,
+            condition_type=settings.condition_type,
+            events=settings.events,
+            qps=settings.kube_qps,
+            burst=settings.kube_burst,
+            concurrency=settings.kube_concurrency,
+        ),
+        metrics,
+    )
 
 
 class Aggregator:
@@ -58,7 +89,7 @@ class Aggregator:
             ),
             clock,
         )
-        self.registry = registry or make_registry(settings)
+        self.registry = registry or make_registry(settings, self.metrics)
         self.core = Core(self.tracker, self.registry, self.metrics)
         self.health = health.aio.HealthServicer()
         self._reports = ReportService(self.core, settings.heartbeat_interval)
@@ -70,7 +101,9 @@ class Aggregator:
 
     async def start(self) -> None:
         settings = self.settings
-        await self.registry.start()
+        await self.registry.start(self.core)
+        if self.registry.seeds_from_cluster:
+            self.tracker.hold_expiry(settings.effective_startup_grace)
         server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", settings.max_message_bytes),

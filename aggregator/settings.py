@@ -27,10 +27,54 @@ class Settings:
         "HOST:PORT of the Prometheus endpoint (/metrics); empty disables it.",
     )
     kube_backend: str = setting(
-        "memory",
-        "Where pods and labels live. memory: pods register through their agent's hello and "
-        "labels are kept in the process (no cluster needed).",
-        choices=("memory",),
+        "auto",
+        "Where pods and labels live. kubernetes: discover Ray pods and write their label; "
+        "memory: pods register through their agent's hello and labels stay in the process "
+        "(no cluster needed); auto: kubernetes when a configuration is found, else memory.",
+        choices=("auto", "kubernetes", "memory"),
+    )
+    kubeconfig: str = setting(
+        "",
+        "Path of a kubeconfig file; without it: $KUBECONFIG, ~/.kube/config, then the "
+        "in-cluster ServiceAccount.",
+        shown="(search)",
+    )
+    namespace: tuple[str, ...] = setting(
+        (),
+        "Namespace to watch for Ray pods; repeat the flag (or comma-separate the variable) "
+        "for several.",
+        shown="(all namespaces)",
+    )
+    pod_selector: str = setting(
+        "ray.io/node-type", "Label selector of the pods to track (default: every KubeRay pod)."
+    )
+    proxy_port: int = setting(
+        8000, "Serve proxy port of pods with no container port named 'serve'."
+    )
+    mode: str = setting(
+        "label",
+        "What the aggregator writes: label (the --label-key label), condition (a readiness-gate "
+        "condition on pods/status, for pods that declare it in spec.readinessGates), or both.",
+        choices=("label", "condition", "both"),
+    )
+    condition_type: str = setting(
+        "ray.io/serve-proxy-healthy", "Pod condition type written in condition mode."
+    )
+    events: bool = setting(
+        True, "Record a Kubernetes Event on a pod whenever its serve label changes."
+    )
+    kube_qps: float = setting(20.0, "Sustained Kubernetes API writes per second (client-side).")
+    kube_burst: int = setting(40, "Kubernetes API writes allowed in a burst above --kube-qps.")
+    kube_timeout: float = setting(10.0, "Deadline of one Kubernetes API request.", duration=True)
+    kube_concurrency: int = setting(
+        16, "Kubernetes API requests in flight at most (threads of the synchronous client)."
+    )
+    startup_grace: float = setting(
+        0.0,
+        "After a start, how long agents get to reconnect before any pod can go SILENT; "
+        "0 means twice --heartbeat-ttl.",
+        duration=True,
+        shown="2 x heartbeat TTL",
     )
     heartbeat_ttl: float = setting(
         3.0, "A pod with no report for this long becomes SILENT.", duration=True
@@ -82,3 +126,13 @@ class Settings:
             raise ValueError("--max-message-bytes must be at least 1024")
         if self.expiry_interval <= 0:
             raise ValueError("--expiry-interval must be positive")
+        if self.kube_qps <= 0 or self.kube_burst < 1:
+            raise ValueError("--kube-qps must be positive and --kube-burst at least 1")
+        if self.kube_concurrency < 1 or self.kube_timeout <= 0:
+            raise ValueError("--kube-concurrency must be at least 1, --kube-timeout positive")
+        if self.startup_grace < 0:
+            raise ValueError("--startup-grace must not be negative")
+
+    @property
+    def effective_startup_grace(self) -> float:
+        return self.startup_grace or 2 * self.heartbeat_ttl

@@ -90,6 +90,7 @@ class Tracker:
         # first fresh pod: its cost is the number of pods that expire, not the fleet size.
         self._by_touch: OrderedDict[PodKey, None] = OrderedDict()
         self._counts: Counter[ServeState] = Counter()
+        self._hold_until = float("-inf")
 
     # -- membership ---------------------------------------------------------------------
 
@@ -108,6 +109,20 @@ class Tracker:
         self._by_touch[key] = None
         self._counts[ServeState.UNKNOWN] += 1
         return record
+
+    def seed(self, key: PodKey, state: ServeState) -> None:
+        """Start a just-registered pod in ``state`` (believed, not observed), with no
+        transition: what the cluster already shows when the aggregator starts."""
+        record = self._records[key]
+        self._counts[record.state] -= 1
+        self._counts[state] += 1
+        record.state = state
+        record.source = Source.SEED
+        record.reason = "Taken from the label the pod carried at start."
+
+    def hold_expiry(self, seconds: float) -> None:
+        """No pod goes SILENT for ``seconds`` from now (agents reconnecting after a start)."""
+        self._hold_until = self._clock() + seconds
 
     def forget(self, key: PodKey) -> None:
         record = self._records.pop(key, None)
@@ -146,6 +161,8 @@ class Tracker:
     def expire(self) -> list[Transition]:
         """Pods with no observation for longer than the heartbeat TTL become SILENT."""
         now = self._clock()
+        if now < self._hold_until:
+            return []
         deadline = now - self.settings.heartbeat_ttl
         transitions: list[Transition] = []
         by_touch = self._by_touch

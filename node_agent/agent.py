@@ -35,6 +35,10 @@ CHANNEL_OPTIONS = (
 )
 
 
+#: A heartbeat interval the aggregator asks for is never taken below this (no busy loop).
+MIN_HEARTBEAT_INTERVAL = 0.05
+
+
 class StreamEnded(Exception):
     """The aggregator closed the stream without an error."""
 
@@ -104,11 +108,10 @@ class Agent:
                     error.details(),
                 )
             except (TimeoutError, OSError, StreamEnded) as error:
-                log.warning(
-                    "stream to %s ended: %s",
-                    self.settings.aggregator,
-                    error or type(error).__name__,
-                )
+                detail = str(error) or type(error).__name__
+                log.warning("stream to %s ended: %s", self.settings.aggregator, detail)
+            except Exception:  # never let one stream's surprise end the agent
+                log.exception("stream to %s failed", self.settings.aggregator)
             self.connected.clear()
             delay = self._backoff.next()
             log.info("reconnecting in %.2fs", delay)
@@ -154,9 +157,7 @@ class Agent:
                 async with asyncio.TaskGroup() as group:
                     group.create_task(self._read_forever(call))
                     group.create_task(self._write_forever(call))
-            except* StreamEnded as group_error:
-                raise group_error.exceptions[0] from None
-            except* grpc.aio.AioRpcError as group_error:
+            except* (StreamEnded, grpc.aio.AioRpcError, TimeoutError, OSError) as group_error:
                 raise group_error.exceptions[0] from None
             finally:
                 call.cancel()
@@ -167,7 +168,8 @@ class Agent:
         assert isinstance(message, pb.AggregatorMessage)
         if message.WhichOneof("kind") == "settings":
             interval = message.settings.heartbeat_interval.ToNanoseconds() / 1e9
-            if interval > 0 and interval != self.heartbeat_interval:
+            interval = max(interval, MIN_HEARTBEAT_INTERVAL) if interval > 0 else 0
+            if interval and interval != self.heartbeat_interval:
                 log.info("aggregator asks for a heartbeat every %.3gs", interval)
                 self.heartbeat_interval = interval
 

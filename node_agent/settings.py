@@ -9,7 +9,9 @@ from servehealth_common.config import setting
 
 @dataclass(frozen=True)
 class Settings:
-    aggregator: str = setting("", "HOST:PORT of the aggregator's gRPC server (required).")
+    aggregator: str = setting(
+        "", "HOST:PORT of the aggregator's gRPC server (required).", shown="(required)"
+    )
     proxy_url: str = setting(
         "http://127.0.0.1:8000/-/healthz",
         "The Serve proxy's health URL; /-/routes on the same host confirms a healthy answer.",
@@ -41,6 +43,10 @@ class Settings:
             raise ValueError(f"--proxy-url must be an http(s) URL, got {self.proxy_url!r}")
         if self.interval <= 0 or self.probe_timeout <= 0:
             raise ValueError("--interval and --probe-timeout must be positive")
+        if self.connect_timeout <= 0 or self.reconnect_max <= 0:
+            raise ValueError("--connect-timeout and --reconnect-max must be positive")
+        if self.confirm_delay < 0:
+            raise ValueError("--confirm-delay must not be negative")
         if self.probe_timeout >= self.interval:
             raise ValueError(
                 f"--probe-timeout ({self.probe_timeout:g}s) must be shorter than "

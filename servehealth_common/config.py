@@ -23,12 +23,22 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?|\.\d+)\s*(ms|s|m|h)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 
 
+@dataclasses.dataclass(frozen=True)
+class _BadEnv:
+    """An environment value that did not parse; an error unless a flag replaces it."""
+
+    message: str
+
+
 def parse_duration(text: str) -> float:
     """``"500ms"`` -> 0.5, ``"3s"`` -> 3.0, ``"2"`` -> 2.0 (seconds)."""
     match = _DURATION.match(text)
     if not match:
         raise ValueError(f"not a duration: {text!r} (use e.g. 500ms, 3s, 1m)")
     return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+parse_duration.__name__ = "duration"
 
 
 def parse_bool(text: str) -> bool:
@@ -40,6 +50,9 @@ def parse_bool(text: str) -> bool:
     raise ValueError(f"not a boolean: {text!r} (use true or false)")
 
 
+parse_bool.__name__ = "boolean"
+
+
 def setting(
     default: Any,
     help: str,
@@ -47,11 +60,23 @@ def setting(
     duration: bool = False,
     choices: Sequence[str] | None = None,
     metavar: str | None = None,
+    shown: str | None = None,
 ) -> Any:
-    """Declare a settings field with its documentation."""
+    """Declare a settings field with its documentation.
+
+    A field typed ``tuple[str, ...]`` is a repeatable flag (``--namespace a --namespace b``),
+    and a comma-separated list in the environment. ``shown`` replaces the rendered default in
+    help and docs (e.g. "(required)").
+    """
     return dataclasses.field(
         default=default,
-        metadata={"help": help, "duration": duration, "choices": choices, "metavar": metavar},
+        metadata={
+            "help": help,
+            "duration": duration,
+            "choices": choices,
+            "metavar": metavar,
+            "shown": shown,
+        },
     )
 
 
@@ -71,8 +96,16 @@ def _parser_for(field: dataclasses.Field[Any], kind: type) -> Callable[[str], An
     return kind
 
 
+def _is_repeatable(kind: Any) -> bool:
+    return typing.get_origin(kind) is tuple
+
+
 def _render_default(field: dataclasses.Field[Any]) -> str:
+    if field.metadata.get("shown"):
+        return str(field.metadata["shown"])
     value = field.default
+    if isinstance(value, tuple):
+        return ",".join(value)
     if field.metadata.get("duration"):
         return f"{value * 1000:g}ms" if value < 1 else f"{value:g}s"
     if isinstance(value, bool):
@@ -104,27 +137,52 @@ def build_parser(
     )
     hints = typing.get_type_hints(cls)
     for field in dataclasses.fields(cls):
-        convert = _parser_for(field, hints[field.name])
-        default = field.default
         env = env_name(field)
+        help_text = f"{field.metadata['help']} (default: {_render_default(field)}; env {env})"
+        metavar = field.metadata.get("metavar") or field.name.upper()
+        if _is_repeatable(hints[field.name]):
+            # Repeatable: argparse appends to a list; None means "not given on the command line".
+            parser.add_argument(
+                flag_name(field), dest=field.name, action="append", metavar=metavar, help=help_text
+            )
+            continue
+        convert = _parser_for(field, hints[field.name])
+        default: Any = field.default
+        choices = field.metadata.get("choices")
         if env in environ:
+            # A bad value is an error only if no flag overrides it (checked in load()).
             try:
                 default = convert(environ[env])
+                if choices and default not in choices:
+                    raise ValueError(f"{default!r} is not one of {list(choices)}")
             except ValueError as error:
-                parser.error(f"environment variable {env}: {error}")
-        choices = field.metadata.get("choices")
-        if choices and default not in choices:
-            parser.error(f"environment variable {env}: {default!r} is not one of {list(choices)}")
+                default = _BadEnv(f"environment variable {env}: {error}")
         parser.add_argument(
             flag_name(field),
             dest=field.name,
             type=convert,
             default=default,
             choices=choices,
-            metavar=field.metadata.get("metavar") or (None if choices else field.name.upper()),
-            help=f"{field.metadata['help']} (default: {_render_default(field)}; env {env})",
+            metavar=None if choices else metavar,
+            help=help_text,
         )
     return parser
+
+
+def _fill_repeatable(cls: type, values: dict[str, Any], environ: Mapping[str, str]) -> None:
+    hints = typing.get_type_hints(cls)
+    for field in dataclasses.fields(cls):
+        if not _is_repeatable(hints[field.name]):
+            continue
+        given = values[field.name]
+        if given is not None:
+            values[field.name] = tuple(given)
+        elif env_name(field) in environ:
+            values[field.name] = tuple(
+                item.strip() for item in environ[env_name(field)].split(",") if item.strip()
+            )
+        else:
+            values[field.name] = field.default
 
 
 def load(
@@ -136,9 +194,13 @@ def load(
 ) -> T:
     """Build ``cls`` from flags and the environment; exits with a usage error on bad input."""
     parser = build_parser(cls, prog, description, environ)
-    namespace = parser.parse_args(argv)
+    values = vars(parser.parse_args(argv))
+    for value in values.values():
+        if isinstance(value, _BadEnv):
+            parser.error(value.message)
+    _fill_repeatable(cls, values, environ)
     try:
-        return cls(**vars(namespace))
+        return cls(**values)
     except ValueError as error:  # __post_init__ validation
         parser.error(str(error))
         raise  # unreachable; parser.error exits

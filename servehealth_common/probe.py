@@ -71,8 +71,11 @@ class Prober:
                 status, body = await self._get(healthz_url)
                 verdict = classify.classify_healthz(status, body)
                 if verdict.state is ServeState.SERVING:
+                    # The routes answer decides now; report its status if it is not a 200.
                     routes_status, routes_body = await self._get(routes_url(healthz_url))
                     verdict = classify.classify_routes(routes_status, routes_body)
+                    if routes_status != 200:
+                        status = routes_status
         except TimeoutError:
             verdict = classify.timed_out(self._timeout)
         except aiohttp.ClientConnectorError as error:

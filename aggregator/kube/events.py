@@ -1,0 +1,83 @@
+"""Kubernetes Events on pods whose serve label changes (best effort, rate-limited)."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+
+from aiolimiter import AsyncLimiter
+
+from aggregator.kube.api import KubeApi
+from aggregator.kube.errors import APIError
+from aggregator.metrics import Metrics
+from aggregator.registry import PodInfo
+from aggregator.tracker import Transition
+from servehealth_common.states import ServeState
+
+log = logging.getLogger(__name__)
+
+COMPONENT = "ray-serve-health"
+
+
+def event_body(pod: PodInfo, transition: Transition) -> dict[str, object]:
+    serving = transition.new is ServeState.SERVING
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {
+        "metadata": {"generateName": f"{pod.key.name}.", "namespace": pod.key.namespace},
+        "involvedObject": {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "namespace": pod.key.namespace,
+            "name": pod.key.name,
+            "uid": pod.uid,
+        },
+        "reason": "ServeHealthy" if serving else "ServeUnhealthy",
+        "message": (
+            f"Serve proxy {transition.old.name} -> {transition.new.name}: {transition.reason}"
+        )[:1024],
+        "type": "Normal" if serving else "Warning",
+        "source": {"component": COMPONENT},
+        "reportingComponent": COMPONENT,
+        "reportingInstance": COMPONENT,
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+    }
+
+
+class EventRecorder:
+    """Sends at most ``qps`` events per second (bursts of ``burst``); drops the rest, counted.
+
+    Events share nothing with label writes but the API server: a label is the truth and is
+    never dropped; an event is a courtesy and is.
+    """
+
+    def __init__(self, api: KubeApi, metrics: Metrics, qps: float = 5, burst: int = 25) -> None:
+        self._api = api
+        self._metrics = metrics
+        self._limiter = AsyncLimiter(burst, burst / qps)
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def record(self, pod: PodInfo, transition: Transition) -> None:
+        if not self._limiter.has_capacity():
+            self._metrics.events.labels("dropped").inc()
+            return
+        task = asyncio.create_task(self._send(pod, transition))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _send(self, pod: PodInfo, transition: Transition) -> None:
+        await self._limiter.acquire()
+        try:
+            await self._api.create_event(pod.key.namespace, event_body(pod, transition))
+        except APIError as error:
+            self._metrics.events.labels("error").inc()
+            log.warning("event for pod %s not recorded: %s", pod.key, error)
+        else:
+            self._metrics.events.labels("sent").inc()
+
+    async def stop(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -1,0 +1,181 @@
+"""The Kubernetes pod registry: discovery in, label (and condition) writes and events out."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, replace
+from typing import Any
+
+from aggregator.kube.api import KubeApi
+from aggregator.kube.discovery import Discovery
+from aggregator.kube.events import EventRecorder
+from aggregator.kube.pods import KubePod, parse_pod
+from aggregator.kube.writer import Kind, Writer, WriterSettings
+from aggregator.metrics import Metrics
+from aggregator.registry import PodInfo, PodRegistry, PodSink
+from aggregator.tracker import PodKey, Transition
+from servehealth_common.states import ServeState
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class KubeSettings:
+    namespaces: tuple[str, ...]
+    pod_selector: str
+    proxy_port: int
+    label_key: str
+    mode: str  # label | condition | both
+    condition_type: str
+    events: bool
+    qps: float
+    burst: int
+    concurrency: int
+    watch_timeout: int = 300
+
+    @property
+    def writes_label(self) -> bool:
+        return self.mode in ("label", "both")
+
+    @property
+    def writes_condition(self) -> bool:
+        return self.mode in ("condition", "both")
+
+
+class KubeRegistry(PodRegistry):
+    name = "kubernetes"
+    seeds_from_cluster = True
+
+    def __init__(self, api: KubeApi, settings: KubeSettings, metrics: Metrics) -> None:
+        self.api = api
+        self.settings = settings
+        self._metrics = metrics
+        self._pods: dict[PodKey, KubePod] = {}
+        self._sink: PodSink | None = None
+        self.writer = Writer(
+            api,
+            WriterSettings(
+                label_key=settings.label_key,
+                condition_type=settings.condition_type,
+                qps=settings.qps,
+                burst=settings.burst,
+                concurrency=settings.concurrency,
+            ),
+            metrics,
+            current=self._current,
+            written=self._written,
+            refresh=self._refresh,
+        )
+        self.discovery = Discovery(
+            api,
+            namespaces=settings.namespaces,
+            selector=settings.pod_selector,
+            default_port=settings.proxy_port,
+            metrics=metrics,
+            upsert=self._upsert,
+            delete=self._delete,
+            watch_timeout=settings.watch_timeout,
+        )
+        self.events = EventRecorder(api, metrics) if settings.events else None
+        self._tasks: list[asyncio.Task[None]] = []
+        metrics.track_writer(lambda: self.writer.pending)
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    async def start(self, sink: PodSink) -> None:
+        """List every pod (seeding the core from their labels), then watch and write."""
+        self._sink = sink
+        await self.discovery.list_all()
+        self._tasks = [
+            asyncio.create_task(self.discovery.watch_forever(), name="discovery"),
+            asyncio.create_task(self.writer.run(), name="writer"),
+        ]
+
+    async def stop(self) -> None:
+        self.discovery.stop()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self.events is not None:
+            await self.events.stop()
+        self.api.close()
+
+    # -- PodRegistry --------------------------------------------------------------------
+
+    def admit(self, pod: PodInfo) -> bool:
+        return pod.key in self._pods
+
+    def label(self, key: PodKey) -> str | None:
+        pod = self._pods.get(key)
+        return pod.labels.get(self.settings.label_key) if pod else None
+
+    def desire(self, key: PodKey, value: str, transition: Transition | None = None) -> None:
+        pod = self._pods.get(key)
+        if pod is None:
+            return
+        if self.settings.writes_label:
+            self.writer.want(key, Kind.LABEL, value)
+        if self.settings.writes_condition and self.settings.condition_type in pod.readiness_gates:
+            message = ""
+            if transition is not None:
+                message = f"{transition.new.name}: {transition.reason}"[:512]
+            self.writer.want(key, Kind.CONDITION, "True" if value == "true" else "False", message)
+        if (
+            self.events is not None
+            and transition is not None
+            and transition.label_changed
+            and transition.old is not ServeState.UNKNOWN
+        ):
+            self.events.record(pod.info, transition)
+
+    def pod(self, key: PodKey) -> PodInfo | None:
+        pod = self._pods.get(key)
+        return pod.info if pod else None
+
+    # -- discovery callbacks ------------------------------------------------------------
+
+    def _upsert(self, pod: KubePod) -> None:
+        self._pods[pod.key] = pod
+        assert self._sink is not None
+        self._sink.pod_seen(pod.info, pod.labels.get(self.settings.label_key))
+        # Someone else changed the label (or the condition): put back what we want.
+        wanted = self._sink.desired_label(pod.key)
+        if wanted is not None and self._current(pod.key, Kind.LABEL) != wanted:
+            self.desire(pod.key, wanted)
+
+    def _delete(self, key: PodKey) -> None:
+        self._pods.pop(key, None)
+        self.writer.forget(key)
+        if self._sink is not None:
+            self._sink.pod_gone(key)
+
+    # -- writer callbacks ---------------------------------------------------------------
+
+    def _current(self, key: PodKey, kind: Kind) -> str | None:
+        pod = self._pods.get(key)
+        if pod is None:
+            return None
+        if kind is Kind.LABEL:
+            # No label selects the same as "false": a Service selects "true" only.
+            return pod.labels.get(self.settings.label_key, "false")
+        return pod.conditions.get(self.settings.condition_type)
+
+    def _written(self, key: PodKey, kind: Kind, value: str, body: dict[str, Any]) -> None:
+        pod = self._pods.get(key)
+        if pod is None:
+            return
+        if body.get("metadata"):
+            self._pods[key] = parse_pod(body, self.settings.proxy_port)
+        elif kind is Kind.LABEL:
+            self._pods[key] = replace(pod, labels={**pod.labels, self.settings.label_key: value})
+        else:
+            conditions = {**pod.conditions, self.settings.condition_type: value}
+            self._pods[key] = replace(pod, conditions=conditions)
+
+    async def _refresh(self, key: PodKey) -> None:
+        body = await self.api.get_pod(key)
+        self._upsert(parse_pod(body, self.settings.proxy_port))

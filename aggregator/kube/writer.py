@@ -1,0 +1,218 @@
+"""Keeps each pod's serve label (and, in condition mode, its readiness condition) equal to
+what the core wants, with as few API writes as possible and through any API trouble.
+
+- A write happens only when the wanted value differs from what the pod carries.
+- Per target (pod, kind) at most one write is in flight; a newer wanted value replaces a queued
+  one, and a value that became true again before its write is dropped unwritten.
+- Every request takes a token from one client-side bucket (``qps``/``burst``): the Python client
+  has no limiter of its own.
+- 429, 5xx, timeouts and broken connections are retried with capped, jittered backoff, honouring
+  ``Retry-After``; a write is never dropped for them. 404 means the pod is gone: forget it.
+  409 re-reads the pod and tries again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import enum
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiolimiter import AsyncLimiter
+
+from aggregator.kube.api import KubeApi
+from aggregator.kube.errors import APIConflictError, APIError, APINotFoundError
+from aggregator.metrics import Metrics
+from aggregator.tracker import PodKey
+
+log = logging.getLogger(__name__)
+
+#: Seconds to wait before retry attempt 1, 2, 3, ...; the last repeats. +/-20 % jitter.
+RETRY_BACKOFF = (0.2, 0.5, 1.0, 2.0, 3.0, 5.0, 8.0, 13.0, 21.0, 30.0)
+
+
+class Kind(enum.Enum):
+    LABEL = "label"
+    CONDITION = "condition"
+
+
+Target = tuple[PodKey, Kind]
+
+
+@dataclass(frozen=True, slots=True)
+class WriterSettings:
+    label_key: str
+    condition_type: str
+    qps: float
+    burst: int
+    concurrency: int
+
+
+def retry_delay(attempt: int, rng: random.Random) -> float:
+    base = RETRY_BACKOFF[min(attempt, len(RETRY_BACKOFF)) - 1]
+    return base * rng.uniform(0.8, 1.2)
+
+
+class Writer:
+    def __init__(
+        self,
+        api: KubeApi,
+        settings: WriterSettings,
+        metrics: Metrics,
+        *,
+        current: Callable[[PodKey, Kind], str | None],
+        written: Callable[[PodKey, Kind, str, dict[str, Any]], None],
+        refresh: Callable[[PodKey], Awaitable[None]],
+        rng: random.Random | None = None,
+    ) -> None:
+        self._api = api
+        self.settings = settings
+        self._metrics = metrics
+        self._current = current
+        self._written = written
+        self._refresh = refresh
+        self._rng = rng or random.Random()
+        self.limiter = AsyncLimiter(settings.burst, settings.burst / settings.qps)
+        self._queue: asyncio.Queue[Target] = asyncio.Queue()
+        self._wanted: dict[Target, tuple[str, str]] = {}  # value, message
+        self._queued: set[Target] = set()
+        self._in_flight: set[Target] = set()
+        self._retries: dict[Target, asyncio.TimerHandle] = {}
+        self._attempts: dict[Target, int] = {}
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    # -- what the registry calls --------------------------------------------------------
+
+    def want(self, key: PodKey, kind: Kind, value: str, message: str = "") -> None:
+        target = (key, kind)
+        self._wanted[target] = (value, message)
+        self._enqueue(target)
+
+    def forget(self, key: PodKey) -> None:
+        for kind in Kind:
+            target = (key, kind)
+            self._wanted.pop(target, None)
+            self._attempts.pop(target, None)
+            handle = self._retries.pop(target, None)
+            if handle is not None:
+                handle.cancel()
+        self._update_idle()
+
+    @property
+    def pending(self) -> int:
+        """Targets waiting for a write (queued, in flight or waiting to retry)."""
+        return len(self._wanted)
+
+    async def wait_idle(self) -> None:
+        """Until nothing is left to write (for tests and orderly shutdown)."""
+        await self._idle.wait()
+
+    # -- the work -----------------------------------------------------------------------
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as group:
+            for number in range(self.settings.concurrency):
+                group.create_task(self._work(), name=f"writer-{number}")
+
+    def _enqueue(self, target: Target) -> None:
+        if target in self._queued or target in self._in_flight or target in self._retries:
+            return
+        self._queued.add(target)
+        self._idle.clear()
+        self._queue.put_nowait(target)
+
+    def _retry(self, target: Target) -> None:
+        self._retries.pop(target, None)
+        if target in self._wanted:
+            self._enqueue(target)
+
+    def _update_idle(self) -> None:
+        if not self._wanted and not self._queued and not self._in_flight:
+            self._idle.set()
+
+    async def _work(self) -> None:
+        while True:
+            target = await self._queue.get()
+            self._queued.discard(target)
+            self._in_flight.add(target)
+            retry_in: float | None = None
+            try:
+                retry_in = await self._write_if_needed(target)
+            finally:
+                self._in_flight.discard(target)
+                if retry_in is not None and target in self._wanted:
+                    loop = asyncio.get_running_loop()
+                    self._retries[target] = loop.call_later(retry_in, self._retry, target)
+                elif target in self._wanted:
+                    self._enqueue(target)  # a newer value came while this write was in flight
+                self._update_idle()
+
+    def _settled(self, target: Target) -> bool:
+        """True (and the target dropped) when the pod already carries the wanted value."""
+        wanted = self._wanted.get(target)
+        if wanted is None:
+            return True
+        if self._current(*target) == wanted[0]:
+            del self._wanted[target]
+            self._attempts.pop(target, None)
+            return True
+        return False
+
+    async def _write_if_needed(self, target: Target) -> float | None:
+        """One write attempt; returns the delay before a retry, or None when done."""
+        if self._settled(target):
+            return None
+        await self.limiter.acquire()
+        if self._settled(target):  # the bucket may have made us wait; look again
+            return None
+        key, kind = target
+        value, message = self._wanted[target]
+        try:
+            pod = await self._send(key, kind, value, message)
+        except APINotFoundError:
+            self._metrics.label_writes.labels(kind.value, "not_found").inc()
+            log.info("pod %s is gone; dropping its %s write", key, kind.value)
+            self.forget(key)
+            return None
+        except APIConflictError as error:
+            self._metrics.label_writes.labels(kind.value, "conflict").inc()
+            log.info("%s; re-reading the pod", error)
+            with contextlib.suppress(APIError):
+                await self._refresh(key)
+            return 0.0
+        except APIError as error:
+            attempt = self._attempts[target] = self._attempts.get(target, 0) + 1
+            delay = error.retry_after if error.retry_after is not None else None
+            delay = delay if delay is not None else retry_delay(attempt, self._rng)
+            self._metrics.label_writes.labels(kind.value, "error").inc()
+            self._metrics.api_retries.labels(str(error.status or "transport")).inc()
+            level = logging.WARNING if error.retryable else logging.ERROR
+            log.log(level, "%s (attempt %d, retrying in %.2fs)", error, attempt, delay)
+            return delay
+        self._metrics.label_writes.labels(kind.value, "success").inc()
+        self._attempts.pop(target, None)
+        self._written(key, kind, value, pod)
+        if self._wanted.get(target, (None,))[0] == value:
+            del self._wanted[target]
+        return None
+
+    async def _send(self, key: PodKey, kind: Kind, value: str, message: str) -> dict[str, Any]:
+        if kind is Kind.LABEL:
+            return await self._api.patch_pod(
+                key, {"metadata": {"labels": {self.settings.label_key: value}}}
+            )
+        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        condition = {
+            "type": self.settings.condition_type,
+            "status": value,
+            "reason": "ServeProxyServing" if value == "True" else "ServeProxyNotServing",
+            "message": message,
+            "lastTransitionTime": now,
+        }
+        return await self._api.patch_pod_status(key, {"status": {"conditions": [condition]}})

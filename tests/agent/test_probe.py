@@ -1,0 +1,316 @@
+"""The ``Prober`` against real HTTP servers: one case per row of the classification table.
+
+Every probe goes over real TCP on 127.0.0.1 to a ``FakeServeProxy`` (aiohttp), to a server that
+accepts and never answers, to one that hangs up, or to a port with nothing listening. Checks
+the state, the HTTP status and the reason of each result, and that a probe always returns within
+about its timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from servehealth_common.probe import MAX_BODY_BYTES, Prober, make_session, routes_url
+from servehealth_common.states import ServeState
+from tests import fakes
+from tests.fakes import FakeServeProxy, refused_port, silent_server
+
+TIMEOUT = 0.5  # generous for a local server that answers
+HANG_TIMEOUT = 0.2  # for servers that never answer: the timeout is what is tested
+SLACK = 2.0  # upper bound on how late a timed-out probe may return
+
+EMPTY_ROUTES = "No applications are deployed (empty route table)."
+
+
+@pytest.fixture
+async def session() -> AsyncIterator[aiohttp.ClientSession]:
+    async with make_session() as session:
+        yield session
+
+
+@pytest.fixture
+def prober(session: aiohttp.ClientSession) -> Prober:
+    return Prober(session, TIMEOUT)
+
+
+@pytest.mark.parametrize(
+    ("healthz", "routes", "state", "http_status", "reason"),
+    [
+        pytest.param(
+            fakes.HEALTHY, fakes.ROUTES, ServeState.SERVING, 200, "success", id="200-routes"
+        ),
+        pytest.param(
+            fakes.HEALTHY,
+            (200, json.dumps({"/a": "app1", "/b": "app2"})),
+            ServeState.SERVING,
+            200,
+            "success",
+            id="200-two-routes",
+        ),
+        pytest.param(
+            fakes.HEALTHY,
+            fakes.NO_ROUTES,
+            ServeState.NOT_READY,
+            200,
+            EMPTY_ROUTES,
+            id="200-empty-routes",
+        ),
+        pytest.param(
+            fakes.DRAINING,
+            fakes.ROUTES,
+            ServeState.DRAINING,
+            503,
+            "This node is being drained.",
+            id="503-draining",
+        ),
+        pytest.param(
+            fakes.NOT_POPULATED,
+            fakes.ROUTES,
+            ServeState.NOT_READY,
+            503,
+            "Route table is not populated yet.",
+            id="503-not-populated",
+        ),
+        pytest.param(
+            fakes.NO_REPLICAS,
+            fakes.ROUTES,
+            ServeState.NOT_READY,
+            503,
+            "No replicas are available yet.",
+            id="503-no-replicas",
+        ),
+        pytest.param(
+            (503, "Service Unavailable"),
+            fakes.ROUTES,
+            ServeState.NOT_READY,
+            503,
+            "Service Unavailable",
+            id="503-other",
+        ),
+        pytest.param(
+            (503, ""), fakes.ROUTES, ServeState.NOT_READY, 503, "HTTP 503", id="503-empty-body"
+        ),
+        pytest.param(
+            (500, "Internal Server Error"),
+            fakes.ROUTES,
+            ServeState.UNHEALTHY,
+            500,
+            "HTTP 500: Internal Server Error",
+            id="500",
+        ),
+        pytest.param(
+            (404, "Not Found"),
+            fakes.ROUTES,
+            ServeState.UNHEALTHY,
+            404,
+            "HTTP 404: Not Found",
+            id="404",
+        ),
+        pytest.param(
+            (200, "ok"),
+            fakes.ROUTES,
+            ServeState.UNHEALTHY,
+            200,
+            "HTTP 200: ok",
+            id="200-other-body",
+        ),
+        pytest.param(
+            fakes.HEALTHY,
+            (200, "<html>routes</html>"),
+            ServeState.UNHEALTHY,
+            200,
+            "/-/routes is not JSON: <html>routes</html>",
+            id="routes-not-json",
+        ),
+        pytest.param(
+            fakes.HEALTHY,
+            fakes.DRAINING,
+            ServeState.DRAINING,
+            503,
+            "This node is being drained.",
+            id="routes-503-draining",
+        ),
+        pytest.param(
+            fakes.HEALTHY,
+            (500, "boom"),
+            ServeState.UNHEALTHY,
+            500,
+            "HTTP 500: boom",
+            id="routes-500",
+        ),
+        pytest.param(
+            fakes.HEALTHY,
+            fakes.NOT_POPULATED,
+            ServeState.NOT_READY,
+            503,
+            "Route table is not populated yet.",
+            id="routes-503-not-populated",
+        ),
+    ],
+)
+async def test_classification_over_http(
+    prober: Prober,
+    healthz: tuple[int, str],
+    routes: tuple[int, str],
+    state: ServeState,
+    http_status: int,
+    reason: str,
+) -> None:
+    proxy = await FakeServeProxy(healthz=healthz, routes=routes).start()
+    try:
+        result = await prober.probe(proxy.url)
+    finally:
+        await proxy.stop()
+    assert (result.state, result.http_status, result.reason) == (state, http_status, reason)
+    assert result.serving is (state is ServeState.SERVING)
+    assert 0 <= result.latency < TIMEOUT
+    # /-/routes is asked only to confirm a healthy /-/healthz.
+    assert proxy.requests == (2 if healthz == fakes.HEALTHY else 1)
+
+
+async def test_connection_refused_is_no_proxy(prober: Prober) -> None:
+    result = await prober.probe(f"http://127.0.0.1:{refused_port()}/-/healthz")
+    assert result.state is ServeState.NO_PROXY
+    assert result.http_status == 0
+    assert result.reason == "Connection refused: no Serve proxy is listening."
+    assert result.latency < TIMEOUT
+
+
+async def test_stopped_proxy_is_no_proxy(prober: Prober, fake_proxy: FakeServeProxy) -> None:
+    assert (await prober.probe(fake_proxy.url)).state is ServeState.SERVING
+    await fake_proxy.stop()
+    result = await prober.probe(fake_proxy.url)
+    assert result.state is ServeState.NO_PROXY
+    assert result.http_status == 0
+
+
+async def test_server_that_never_answers_times_out(session: aiohttp.ClientSession) -> None:
+    server = await silent_server()
+    port = server.sockets[0].getsockname()[1]
+    try:
+        result = await Prober(session, HANG_TIMEOUT).probe(f"http://127.0.0.1:{port}/-/healthz")
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert result.state is ServeState.UNHEALTHY
+    assert result.http_status == 0
+    assert result.reason == "No answer within 200 ms."
+    assert HANG_TIMEOUT <= result.latency < HANG_TIMEOUT + SLACK
+
+
+async def test_hanging_proxy_times_out(session: aiohttp.ClientSession) -> None:
+    proxy = await FakeServeProxy(hang=True).start()
+    try:
+        result = await Prober(session, HANG_TIMEOUT).probe(proxy.url)
+        assert proxy.requests == 1  # the request reached the proxy, which never answered
+    finally:
+        await proxy.stop()
+    assert result.state is ServeState.UNHEALTHY
+    assert result.http_status == 0
+    assert result.reason == "No answer within 200 ms."
+    assert HANG_TIMEOUT <= result.latency < HANG_TIMEOUT + SLACK
+
+
+@dataclass
+class HungRoutesProxy(FakeServeProxy):
+    """Answers /-/healthz at once and never answers /-/routes (until stopped)."""
+
+    async def _answer(self, answer: tuple[int, str]) -> web.Response:
+        if answer is self.routes:
+            await self._release.wait()
+        return await super()._answer(answer)
+
+
+async def test_timeout_is_shared_by_healthz_and_routes(session: aiohttp.ClientSession) -> None:
+    """One timeout bounds the whole probe: a healthy /-/healthz, then a hung /-/routes."""
+    proxy = await HungRoutesProxy().start()
+    try:
+        result = await Prober(session, HANG_TIMEOUT).probe(proxy.url)
+    finally:
+        await proxy.stop()
+    assert result.state is ServeState.UNHEALTHY
+    assert result.reason == "No answer within 200 ms."
+    assert HANG_TIMEOUT <= result.latency < HANG_TIMEOUT + SLACK
+
+
+async def test_server_that_hangs_up_is_unhealthy(prober: Prober) -> None:
+    async def hang_up(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.close()
+
+    server = await asyncio.start_server(hang_up, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        result = await prober.probe(f"http://127.0.0.1:{port}/-/healthz")
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert result.state is ServeState.UNHEALTHY
+    assert result.http_status == 0
+    assert result.reason.startswith("Probe failed: ")
+    assert result.latency < TIMEOUT
+
+
+async def test_garbage_answer_is_unhealthy(prober: Prober) -> None:
+    async def garbage(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"this is not HTTP\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(garbage, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        result = await prober.probe(f"http://127.0.0.1:{port}/-/healthz")
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert result.state is ServeState.UNHEALTHY
+    assert result.reason.startswith("Probe failed: ")
+
+
+async def test_large_body_is_read_partly_and_reason_truncated(prober: Prober) -> None:
+    proxy = await FakeServeProxy(healthz=(500, "x" * (MAX_BODY_BYTES * 4))).start()
+    try:
+        result = await prober.probe(proxy.url)
+    finally:
+        await proxy.stop()
+    assert result.state is ServeState.UNHEALTHY
+    assert result.http_status == 500
+    assert result.reason.startswith("HTTP 500: xxx")
+    assert len(result.reason.encode()) <= 256
+
+
+async def test_redirect_is_not_followed(prober: Prober) -> None:
+    proxy = await FakeServeProxy(healthz=(302, "")).start()
+    try:
+        result = await prober.probe(proxy.url)
+    finally:
+        await proxy.stop()
+    assert result.state is ServeState.UNHEALTHY
+    assert result.http_status == 302
+    assert proxy.requests == 1
+
+
+async def test_proxy_state_changes_are_seen_by_the_next_probe(
+    prober: Prober, fake_proxy: FakeServeProxy
+) -> None:
+    for healthz, routes, state in [
+        (fakes.NOT_POPULATED, fakes.NO_ROUTES, ServeState.NOT_READY),
+        (fakes.HEALTHY, fakes.NO_ROUTES, ServeState.NOT_READY),
+        (fakes.HEALTHY, fakes.ROUTES, ServeState.SERVING),
+        (fakes.DRAINING, fakes.ROUTES, ServeState.DRAINING),
+    ]:
+        fake_proxy.set(healthz, routes)
+        assert (await prober.probe(fake_proxy.url)).state is state
+
+
+def test_routes_url() -> None:
+    assert routes_url("http://127.0.0.1:8000/-/healthz") == "http://127.0.0.1:8000/-/routes"
+    assert routes_url("https://[::1]:8443/-/healthz") == "https://[::1]:8443/-/routes"
+    assert routes_url("http://host:8000/-/healthz?x=1") == "http://host:8000/-/routes"
