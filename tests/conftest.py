@@ -84,9 +84,7 @@ async def inspection(
         yield pb_grpc.InspectionServiceStub(channel)
 
 
-async def eventually(
-    check: Callable[[], Any], timeout: float = 5.0, interval: float = 0.02
-) -> Any:
+async def eventually(check: Callable[[], Any], timeout: float = 5.0, interval: float = 0.02) -> Any:
     """Poll ``check`` (sync or async) until it returns a truthy value or ``timeout`` passes."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
