@@ -67,11 +67,23 @@ class Core:
         return stream
 
     def admit(self, pod: PodInfo) -> None:
-        if pod.key not in self.tracker:
+        record = self.tracker.get(pod.key)
+        if record is None:
             if not self.registry.admit(pod):
-                raise NotAdmitted(f"pod {pod.key} is not known to the {self.registry.name} backend")
+                raise NotAdmitted(
+                    f"pod {pod.key} is not known to the {self.registry.name} backend "
+                    "(not discovered yet, or not matched by the pod selector)"
+                )
             log.info("tracking pod %s (node %s)", pod.key, pod.node_name or "?")
-        self.tracker.register(pod.key, pod.uid, pod.node_name)
+            self.tracker.register(pod.key, pod.uid, pod.node_name)
+        elif pod.uid and record.uid and pod.uid != record.uid:
+            if self.registry.seeds_from_cluster:  # the cluster knows which pod is current
+                raise NotAdmitted(
+                    f"pod {pod.key} has uid {record.uid} in the cluster, not {pod.uid} "
+                    "(an agent of a replaced pod?)"
+                )
+            log.info("pod %s is a new pod (uid %s); starting over", pod.key, pod.uid)
+            self.tracker.register(pod.key, pod.uid, pod.node_name)
 
     def report(self, stream: int, key: PodKey, observation: Observation) -> None:
         """The hot path: one pod's report from the agent on ``stream``."""

@@ -10,10 +10,12 @@ from servehealth.v1 import servehealth_pb2 as pb
 from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
 
 
-def hello(namespace: str = "default", name: str = "pod-a", **fields: Any) -> pb.AgentMessage:
+def hello(
+    namespace: str = "default", name: str = "pod-a", uid: str | None = None, **fields: Any
+) -> pb.AgentMessage:
     values: dict[str, Any] = {
         "mode": pb.AGENT_MODE_SIDECAR,
-        "pod": pb.PodRef(namespace=namespace, name=name, uid=f"uid-{name}"),
+        "pod": pb.PodRef(namespace=namespace, name=name, uid=f"uid-{name}" if uid is None else uid),
         "node_name": "node-1",
         "agent_version": "test",
         **fields,
@@ -29,10 +31,15 @@ def pod_report(**fields: Any) -> pb.AgentMessage:
     return pb.AgentMessage(reports=pb.ReportBatch(reports=[pb.PodReport(**fields)]))
 
 
-async def open_stream(channel: grpc.aio.Channel, name: str = "pod-a") -> grpc.aio.StreamStreamCall:
+async def open_stream(
+    channel: grpc.aio.Channel,
+    name: str = "pod-a",
+    namespace: str = "default",
+    uid: str | None = None,
+) -> grpc.aio.StreamStreamCall:
     """A Report stream that has said hello and received its settings."""
     call = pb_grpc.ReportServiceStub(channel).Report()
-    await call.write(hello(name=name))
+    await call.write(hello(namespace, name, uid))
     first = await call.read()
     assert first.WhichOneof("kind") == "settings"
     return call
@@ -47,3 +54,38 @@ async def read_until_error(call: grpc.aio.StreamStreamCall) -> grpc.aio.AioRpcEr
             return error
         if message is grpc.aio.EOF:
             raise AssertionError("stream ended without an error")
+
+
+def node_hello(node_name: str = "node-1") -> pb.AgentMessage:
+    """The hello of a DaemonSet agent: it reports for any pod on its node."""
+    return pb.AgentMessage(
+        hello=pb.Hello(mode=pb.AGENT_MODE_DAEMONSET, node_name=node_name, agent_version="test")
+    )
+
+
+def batch(reports: list[tuple[str, str, int]], sequence: int, reason: str = "") -> pb.AgentMessage:
+    """One ReportBatch of (namespace, name, state) reports, all with ``sequence``."""
+    return pb.AgentMessage(
+        reports=pb.ReportBatch(
+            reports=[
+                pb.PodReport(
+                    pod=pb.PodRef(namespace=namespace, name=name),
+                    state=state,
+                    reason=reason,
+                    sequence=sequence,
+                )
+                for namespace, name, state in reports
+            ]
+        )
+    )
+
+
+async def open_node_stream(
+    channel: grpc.aio.Channel, node_name: str = "node-1"
+) -> grpc.aio.StreamStreamCall:
+    """A DaemonSet-mode Report stream past its hello and settings."""
+    call = pb_grpc.ReportServiceStub(channel).Report()
+    await call.write(node_hello(node_name))
+    first = await call.read()
+    assert first.WhichOneof("kind") == "settings"
+    return call

@@ -16,7 +16,6 @@ from aggregator.kube.writer import Kind, Writer, WriterSettings
 from aggregator.metrics import Metrics
 from aggregator.registry import PodInfo, PodRegistry, PodSink
 from aggregator.tracker import PodKey, Transition
-from servehealth_common.states import ServeState
 
 log = logging.getLogger(__name__)
 
@@ -124,12 +123,7 @@ class KubeRegistry(PodRegistry):
             if transition is not None:
                 message = f"{transition.new.name}: {transition.reason}"[:512]
             self.writer.want(key, Kind.CONDITION, "True" if value == "true" else "False", message)
-        if (
-            self.events is not None
-            and transition is not None
-            and transition.label_changed
-            and transition.old is not ServeState.UNKNOWN
-        ):
+        if self.events is not None and transition is not None and transition.label_changed:
             self.events.record(pod.info, transition)
 
     def pod(self, key: PodKey) -> PodInfo | None:

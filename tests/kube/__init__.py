@@ -1,0 +1,1 @@
+"""The Kubernetes side of the tests: an API emulator (kmock, extended) and its fixtures."""
