@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -49,10 +50,13 @@ async def fake_proxy() -> AsyncIterator[FakeServeProxy]:
 
 @pytest.fixture
 async def start_aggregator() -> AsyncIterator[StartAggregator]:
-    """``await start_aggregator(heartbeat_ttl=0.5, ...)``: an aggregator on 127.0.0.1:0."""
+    """``await start_aggregator(heartbeat_ttl=0.5, ...)``: an aggregator on 127.0.0.1:0.
+
+    ``clock=`` replaces the tracker's monotonic clock (a :class:`FakeClock`, say).
+    """
     started: list[Aggregator] = []
 
-    async def start(**overrides: Any) -> Aggregator:
+    async def start(clock: Callable[[], float] | None = None, **overrides: Any) -> Aggregator:
         settings = Settings(
             **{
                 "listen": "127.0.0.1:0",
@@ -61,7 +65,7 @@ async def start_aggregator() -> AsyncIterator[StartAggregator]:
                 **overrides,
             }
         )
-        aggregator = Aggregator(settings)
+        aggregator = Aggregator(settings, clock=clock) if clock else Aggregator(settings)
         await aggregator.start()
         started.append(aggregator)
         return aggregator
@@ -82,6 +86,19 @@ async def inspection(
 ) -> AsyncIterator[pb_grpc.InspectionServiceStub]:
     async with grpc.aio.insecure_channel(f"127.0.0.1:{aggregator.port}") as channel:
         yield pb_grpc.InspectionServiceStub(channel)
+
+
+@dataclass
+class FakeClock:
+    """A monotonic clock that moves only when told to."""
+
+    now: float = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
 
 
 async def eventually(check: Callable[[], Any], timeout: float = 5.0, interval: float = 0.02) -> Any:

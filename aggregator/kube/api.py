@@ -71,7 +71,8 @@ class KubeApi:
     def __init__(
         self, configuration: client.Configuration, *, timeout: float, concurrency: int
     ) -> None:
-        configuration.connection_pool_maxsize = max(concurrency, 4)
+        # One connection per request thread, plus the long-lived watches.
+        configuration.connection_pool_maxsize = concurrency + 8
         self._client = client.ApiClient(configuration)
         self._client.user_agent = "ray-serve-health"
         self.core = client.CoreV1Api(self._client)

@@ -739,6 +739,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
     _arrivals: dict[kmock.Request, float] = attrs.field(factory=dict, init=False)
     _faults: list[kmock.Reaction] = attrs.field(factory=list, init=False)
     _closing: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)
+    _direct: dict[Any, kmock.Reaction] = attrs.field(factory=dict, init=False)
+    _baseline_reactions: int = attrs.field(default=0, init=False)
     merge_keys: dict[kmock.resource, Mapping[tuple[str, ...], str]] = attrs.field(
         factory=lambda: {PODS: POD_MERGE_KEYS}, init=False
     )
@@ -746,6 +748,19 @@ class KubeEmulator(kmock.KubernetesEmulator):
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()  # kmock's discovery and LIST/WATCH/FETCH/... fallbacks
         self.fallback[kmock.method.PUT, kmock.resource()] << self._serve_replace
+        # kmock matches a request against a reaction by scanning every request seen so far
+        # (its slices need that), so each request costs O(requests) per reaction: thousands of
+        # PATCHes take minutes. While no reaction has been added beyond these fallbacks, route
+        # store requests straight to a reaction of their own (same rendering, no scan).
+        self._direct = {
+            kmock.action.LIST: self.fallback[kmock.action.LIST] << self._serve_list,
+            kmock.action.WATCH: self.fallback[kmock.action.WATCH] << self._serve_watch,
+            kmock.action.FETCH: self.fallback[kmock.action.FETCH] << self._serve_fetch,
+            kmock.action.CREATE: self.fallback[kmock.action.CREATE] << self._serve_create,
+            kmock.action.UPDATE: self.fallback[kmock.action.UPDATE] << self._serve_update,
+            kmock.action.DELETE: self.fallback[kmock.action.DELETE] << self._serve_delete,
+        }
+        self._baseline_reactions = len(self._payloads)
         verbs = {"get", "list", "watch", "create", "update", "patch", "delete"}
         self.resources[PODS] = kmock.ResourceInfo(
             kind="Pod",
@@ -773,6 +788,13 @@ class KubeEmulator(kmock.KubernetesEmulator):
         # the reactions run, so that a request answered by a fault changes nothing.
         self._arrivals[request] = asyncio.get_running_loop().time()
         self._wake_waiters()
+        direct = self._direct.get(request.action) if request.resource is not None else None
+        if (
+            direct is not None
+            and request.method != kmock.method.PUT
+            and len(self._payloads) == self._baseline_reactions
+        ):
+            return await direct(request)
         return await kmock.RawHandler._handle(self, request)
 
     async def _render_error(self, exc: Exception) -> aiohttp.web.StreamResponse:

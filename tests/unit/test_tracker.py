@@ -2,26 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 
 from aggregator.tracker import Observation, PodKey, Tracker, TrackerSettings
 from servehealth_common.states import ServeState, Source
+from tests.conftest import FakeClock
 
 S = ServeState
 POD = PodKey("default", "raycluster-head")
-
-
-@dataclass
-class FakeClock:
-    now: float = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 def make(**settings: float) -> tuple[Tracker, FakeClock]:

@@ -1,0 +1,378 @@
+"""The aggregator's Kubernetes backend against the API emulator over real HTTP: discovery
+(list, watch, resume, 410 re-list), seeding and the startup grace, writes only on change,
+label drift, condition mode, events, and backend selection."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pathlib
+import sys
+from typing import Any
+
+import grpc
+import pytest
+
+from aggregator.server import Aggregator
+from aggregator.tracker import PodKey
+from servehealth.v1 import servehealth_pb2 as pb
+from servehealth_common.states import ServeState, Source
+from tests.conftest import FakeClock, StartAggregator, eventually
+from tests.kube.emulator import DEFAULT_POD_LABELS, KubeEmulator
+from tests.messages import batch, open_node_stream, open_stream, read_until_error, report
+
+SERVING, NOT_READY = pb.SERVE_STATE_SERVING, pb.SERVE_STATE_NOT_READY
+
+
+@pytest.fixture
+def start_kube(start_aggregator: StartAggregator, kubeconfig_path: pathlib.Path) -> StartAggregator:
+    """Start an aggregator on the emulator: ``await start_kube(clock=..., **settings)``."""
+
+    async def start(**overrides: Any) -> Aggregator:
+        settings = {"kube_backend": "kubernetes", "kubeconfig": str(kubeconfig_path), **overrides}
+        return await start_aggregator(**settings)
+
+    return start
+
+
+def label(kube: KubeEmulator, name: str, namespace: str = "default") -> str | None:
+    return kube.pod_labels(namespace, name).get("ray.io/serve")
+
+
+def state(aggregator: Aggregator, name: str, namespace: str = "default") -> ServeState | None:
+    record = aggregator.tracker.get(PodKey(namespace, name))
+    return record.state if record else None
+
+
+async def send(call: grpc.aio.StreamStreamCall, message: pb.AgentMessage) -> None:
+    await call.write(message)
+    assert (await call.read()).WhichOneof("kind") == "ack"
+
+
+# -- discovery -------------------------------------------------------------------------
+
+
+async def test_pods_appear_update_and_vanish(
+    kube_emulator: KubeEmulator, start_kube: StartAggregator
+) -> None:
+    kube_emulator.add_pod("default", "listed", pod_ip="10.0.0.1")
+    kube_emulator.add_pod("default", "not-ray", labels={"app": "web"})
+    aggregator = await start_kube()
+    assert state(aggregator, "listed") is ServeState.UNKNOWN
+    assert state(aggregator, "not-ray") is None  # outside the pod selector
+    await kube_emulator.wait_for_watches(1)
+
+    kube_emulator.add_pod("default", "watched", pod_ip="10.0.0.2", serve_port=8123)
+    await eventually(lambda: state(aggregator, "watched") is ServeState.UNKNOWN)
+    info = aggregator.registry.pod(PodKey("default", "watched"))
+    assert info is not None
+    assert (info.pod_ip, info.serve_port, info.node_name) == ("10.0.0.2", 8123, "node-1")
+
+    kube_emulator.modify_pod("default", "watched", pod_ip="10.0.0.9")
+    await eventually(
+        lambda: (
+            (p := aggregator.registry.pod(PodKey("default", "watched"))) and p.pod_ip == "10.0.0.9"
+        )
+    )
+    kube_emulator.add_pod("default", "no-serve-port", serve_port=None)
+    await eventually(lambda: aggregator.registry.pod(PodKey("default", "no-serve-port")))
+    assert aggregator.registry.pod(PodKey("default", "no-serve-port")).serve_port == 8000  # type: ignore[union-attr]
+
+    kube_emulator.delete_pod("default", "watched")
+    await eventually(lambda: state(aggregator, "watched") is None)
+    kube_emulator.modify_pod("default", "listed", labels={"ray.io/node-type": None})
+    await eventually(lambda: state(aggregator, "listed") is None)  # left the selector
+    assert kube_emulator.requests("PATCH") == []
+
+
+async def test_namespaces_limit_discovery(
+    kube_emulator: KubeEmulator, start_kube: StartAggregator
+) -> None:
+    kube_emulator.add_pod("ray", "in-scope")
+    kube_emulator.add_pod("other", "out-of-scope")
+    aggregator = await start_kube(namespace=("ray",))
+    assert state(aggregator, "in-scope", "ray") is ServeState.UNKNOWN
+    assert state(aggregator, "out-of-scope", "other") is None
+
+
+@pytest.mark.parametrize("abrupt", [pytest.param(False, id="ended"), pytest.param(True, id="cut")])
+async def test_dropped_watch_resumes(
+    kube_emulator: KubeEmulator, start_kube: StartAggregator, abrupt: bool
+) -> None:
+    kube_emulator.add_pod("default", "before")  # so the list has a real resourceVersion
+    aggregator = await start_kube()
+    await kube_emulator.wait_for_watches(1)
+    assert kube_emulator.drop_watches(abrupt=abrupt) == 1
+    kube_emulator.add_pod("default", "after-drop")
+    await eventually(lambda: state(aggregator, "after-drop") is ServeState.UNKNOWN, timeout=15)
+    rewatch = kube_emulator.watch_requests()[-1]
+    assert rewatch.params.get("resourceVersion") not in (None, "", "0")  # resumed, not re-listed
+    assert len(kube_emulator.requests("GET", verb="list")) == 1
+
+
+async def test_410_gone_relists_and_reconciles(
+    kube_emulator: KubeEmulator, start_kube: StartAggregator
+) -> None:
+    kube_emulator.add_pod("default", "stays")
+    kube_emulator.add_pod("default", "deleted-in-the-gap")
+    aggregator = await start_kube()
+    await kube_emulator.wait_for_watches(1)
+    # Cut the watch and keep it down while the cluster changes and history is compacted.
+    kube_emulator.fail_next(2, status=500, verb="watch")
+    kube_emulator.drop_watches(abrupt=True)
+    kube_emulator.delete_pod("default", "deleted-in-the-gap")
+    kube_emulator.add_pod("default", "added-in-the-gap")
+    kube_emulator.compact()
+    await eventually(
+        lambda: state(aggregator, "added-in-the-gap") is ServeState.UNKNOWN, timeout=20
+    )
+    assert state(aggregator, "deleted-in-the-gap") is None
+    assert state(aggregator, "stays") is ServeState.UNKNOWN
+    gone = aggregator.metrics.registry.get_sample_value(
+        "serve_health_watch_restarts_total", {"reason": "gone"}
+    )
+    assert gone is not None
+    assert gone >= 1
+    assert len(kube_emulator.requests("GET", verb="list")) >= 2
+
+
+# -- writes ----------------------------------------------------------------------------
+
+
+async def test_1000_pods_then_60s_of_heartbeats_make_zero_patches(
+    kube_emulator: KubeEmulator, start_kube: StartAggregator
+) -> None:
+    names = [f"ray-worker-{i}" for i in range(1000)]
+    for name in names:
+        kube_emulator.add_pod("default", name)
+    clock = FakeClock()
+    aggregator = await start_kube(clock=clock, kube_qps=1000, kube_burst=1000)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{aggregator.port}") as channel:
+        call = await open_node_stream(channel)
+        sequence = 1
+        await send(call, batch([("default", n, SERVING) for n in names], sequence))
+        await asyncio.wait_for(aggregator.registry.writer.wait_idle(), 60)
+        assert all(label(kube_emulator, n) == "true" for n in names)
+        assert len(kube_emulator.requests("PATCH")) == 1000  # one write per pod, no more
+        mark = kube_emulator.checkpoint()
+        for _ in range(60):  # one minute of 1 Hz heartbeats, on the fake clock
+            clock.advance(1.0)
+            sequence += 1
+            await send(call, batch([("default", n, SERVING) for n in names], sequence))
+            aggregator.core.expire()
+        await asyncio.wait_for(aggregator.registry.writer.wait_idle(), 10)
+        assert kube_emulator.requests("PATCH", since=mark) == []
+        assert aggregator.tracker.counts()[ServeState.SERVING] == 1000
+        call.cancel()
+
+
+async def test_restart_with_1000_labelled_pods_writes_nothing(
+    kube_emulator: KubeEmulator, start_kube: StartAggregator
+) -> None:
+    names = [f"ray-worker-{i}" for i in range(1000)]
+    for name in names:
+        kube_emulator.add_pod(
+            "default", name, labels={**DEFAULT_POD_LABELS, "ray.io/serve": "true"}
+        )
+    clock = FakeClock()
+    aggregator = await start_kube(clock=clock, heartbeat_ttl=3.0)
+    # Seeded from the labels: SERVING before any agent said a word.
+    assert aggregator.tracker.counts()[ServeState.SERVING] == 1000
+    assert aggregator.tracker.get(PodKey("default", names[0])).source is Source.SEED  # type: ignore[union-attr]
+    reconnecting, never_back = names[:990], names[990:]
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{aggregator.port}") as channel:
+        call = await open_node_stream(channel)
+        for second in range(5):  # agents reconnect within the grace period (2 x TTL = 6 s)
+            clock.advance(1.0)
+            await send(call, batch([("default", n, SERVING) for n in reconnecting], second + 1))
+            aggregator.core.expire()
+        await asyncio.wait_for(aggregator.registry.writer.wait_idle(), 10)
+        assert kube_emulator.requests("PATCH") == []
+        assert state(aggregator, never_back[0]) is ServeState.SERVING  # still in grace
+        # After the grace period, pods whose agent never came back go SILENT and lose the label.
+        clock.advance(2.0)
+        await send(call, batch([("default", n, SERVING) for n in reconnecting], 99))
+        aggregator.core.expire()
+        await kube_emulator.wait_until(
+            lambda: all(label(kube_emulator, n) == "false" for n in never_back)
+        )
+        assert state(aggregator, never_back[0]) is ServeState.SILENT
+        assert len(kube_emulator.requests("PATCH")) == len(never_back)
+        assert all(label(kube_emulator, n) == "true" for n in reconnecting)
+        call.cancel()
+
+
+async def test_a_label_changed_by_someone_else_is_put_back(
+    kube_emulator: KubeEmulator, start_kube: StartAggregator
+) -> None:
+    pod = kube_emulator.add_pod("default", "pod-a")
+    aggregator = await start_kube()
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{aggregator.port}") as channel:
+        call = await open_stream(channel, uid=pod["metadata"]["uid"])
+        await send(call, report(pb.SERVE_STATE_DRAINING, 1, "This node is being drained."))
+        # DRAINING wants "false"; a missing label already counts as false: nothing written.
+        await asyncio.wait_for(aggregator.registry.writer.wait_idle(), 5)
+        assert kube_emulator.requests("PATCH") == []
+        kube_emulator.modify_pod("default", "pod-a", labels={"ray.io/serve": "true"})
+        await kube_emulator.wait_until(lambda: label(kube_emulator, "pod-a") == "false")
+        patch = kube_emulator.requests("PATCH")[-1]
+        assert patch.content_type == "application/merge-patch+json"
+        assert patch.body == {"metadata": {"labels": {"ray.io/serve": "false"}}}
+        call.cancel()
+
+
+async def test_custom_label_key(kube_emulator: KubeEmulator, start_kube: StartAggregator) -> None:
+    pod = kube_emulator.add_pod("default", "pod-a")
+    aggregator = await start_kube(label_key="example.com/serve", events=False)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{aggregator.port}") as channel:
+        call = await open_stream(channel, uid=pod["metadata"]["uid"])
+        await send(call, report(SERVING, 1, "success"))
+        await kube_emulator.wait_until(
+            lambda: kube_emulator.pod_labels("default", "pod-a").get("example.com/serve") == "true"
+        )
+        assert "ray.io/serve" not in kube_emulator.pod_labels("default", "pod-a")
+        assert kube_emulator.events() == []  # --events false
+        call.cancel()
+
+
+async def test_events_on_label_changes(
+    kube_emulator: KubeEmulator, start_kube: StartAggregator
+) -> None:
+    pod = kube_emulator.add_pod("default", "pod-a")
+    aggregator = await start_kube()
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{aggregator.port}") as channel:
+        call = await open_stream(channel, uid=pod["metadata"]["uid"])
+        await send(call, report(SERVING, 1, "success"))
+        await send(call, report(pb.SERVE_STATE_NO_PROXY, 2, "Connection refused"))
+        await send(call, report(pb.SERVE_STATE_UNHEALTHY, 3, "timeout"))  # false -> false
+        await eventually(lambda: len(kube_emulator.events("default")) == 2)
+        healthy, unhealthy = kube_emulator.events("default")
+        assert (healthy["reason"], healthy["type"]) == ("ServeHealthy", "Normal")
+        assert (unhealthy["reason"], unhealthy["type"]) == ("ServeUnhealthy", "Warning")
+        assert unhealthy["involvedObject"]["name"] == "pod-a"
+        assert unhealthy["involvedObject"]["uid"] == pod["metadata"]["uid"]
+        assert "SERVING -> NO_PROXY: Connection refused" in unhealthy["message"]
+        call.cancel()
+
+
+async def test_hello_for_an_unknown_pod_or_another_uid_is_refused(
+    kube_emulator: KubeEmulator, start_kube: StartAggregator
+) -> None:
+    kube_emulator.add_pod("default", "pod-a")
+    aggregator = await start_kube()
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{aggregator.port}") as channel:
+        for hello_name, uid, detail in [
+            ("ghost", "", "not known to the kubernetes backend"),
+            ("pod-a", "some-old-uid", "has uid"),
+        ]:
+            call = await _raw_stream(channel, hello_name, uid)
+            error = await read_until_error(call)
+            assert error.code() is grpc.StatusCode.FAILED_PRECONDITION
+            assert detail in (error.details() or "")
+
+
+async def _raw_stream(channel: grpc.aio.Channel, name: str, uid: str) -> grpc.aio.StreamStreamCall:
+    from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
+    from tests.messages import hello
+
+    call = pb_grpc.ReportServiceStub(channel).Report()
+    await call.write(hello("default", name, uid))
+    return call
+
+
+# -- condition mode --------------------------------------------------------------------
+
+GATE = "ray.io/serve-proxy-healthy"
+
+
+@pytest.mark.parametrize("mode", ["condition", "both"])
+async def test_condition_mode_patches_pod_status(
+    kube_emulator: KubeEmulator, start_kube: StartAggregator, mode: str
+) -> None:
+    gated = kube_emulator.add_pod("default", "gated", readiness_gates=[GATE])
+    plain = kube_emulator.add_pod("default", "plain")
+    aggregator = await start_kube(mode=mode, events=False)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{aggregator.port}") as channel:
+        gated_call = await open_stream(channel, "gated", uid=gated["metadata"]["uid"])
+        plain_call = await open_stream(channel, "plain", uid=plain["metadata"]["uid"])
+        await send(gated_call, report(SERVING, 1, "success"))
+        await send(plain_call, report(SERVING, 1, "success"))
+        await kube_emulator.wait_until(
+            lambda: (
+                kube_emulator.pod_conditions("default", "gated").get(GATE, {}).get("status")
+                == "True"
+            )
+        )
+        await send(gated_call, report(NOT_READY, 2, "No replicas are available yet."))
+        await kube_emulator.wait_until(
+            lambda: kube_emulator.pod_conditions("default", "gated")[GATE]["status"] == "False"
+        )
+        await asyncio.wait_for(aggregator.registry.writer.wait_idle(), 5)
+        status_patches = kube_emulator.requests("PATCH", subresource="status")
+        assert [p.name for p in status_patches] == ["gated", "gated"]  # never the ungated pod
+        last = status_patches[-1]
+        assert last.content_type == "application/strategic-merge-patch+json"
+        (condition,) = last.body["status"]["conditions"]
+        assert condition["type"] == GATE
+        assert condition["status"] == "False"
+        assert condition["reason"] == "ServeProxyNotServing"
+        assert condition["message"] == "NOT_READY: No replicas are available yet."
+        assert condition["lastTransitionTime"].endswith("Z")
+        # Other conditions of the pod are untouched (merged by type).
+        assert kube_emulator.pod_conditions("default", "gated")["Ready"]["status"] == "True"
+        label_patches = kube_emulator.requests("PATCH", subresource=None)
+        if mode == "condition":
+            assert label_patches == []
+        else:
+            assert {p.name for p in label_patches} == {"gated", "plain"}
+        gated_call.cancel()
+        plain_call.cancel()
+
+
+# -- backend selection -----------------------------------------------------------------
+
+
+async def test_auto_backend_picks_kubernetes_with_a_kubeconfig(
+    kube_emulator: KubeEmulator, start_aggregator: StartAggregator, kubeconfig_path: pathlib.Path
+) -> None:
+    aggregator = await start_aggregator(kube_backend="auto", kubeconfig=str(kubeconfig_path))
+    assert aggregator.registry.name == "kubernetes"
+
+
+def test_auto_backend_without_config_is_memory_and_kubernetes_without_config_fails(
+    tmp_path: pathlib.Path,
+) -> None:
+    import subprocess
+
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST")
+    }
+    env["HOME"] = str(tmp_path)  # no ~/.kube/config
+    result = subprocess.run(
+        [sys.executable, "-m", "aggregator", "--kube-backend", "kubernetes"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1
+    assert "no Kubernetes configuration" in result.stderr
+    from aggregator.metrics import Metrics
+    from aggregator.server import make_registry
+    from aggregator.settings import Settings
+
+    old_home = os.environ.get("HOME")
+    # make_registry reads the environment only to look for a kubeconfig.
+    registry = (
+        make_registry(Settings(kube_backend="auto", kubeconfig=""), Metrics("test"))
+        if (
+            not os.path.exists(os.path.expanduser("~/.kube/config"))
+            and "KUBECONFIG" not in os.environ
+        )
+        else None
+    )
+    assert old_home == os.environ.get("HOME")
+    if registry is not None:
+        assert registry.name == "memory"
