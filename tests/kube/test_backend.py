@@ -7,19 +7,30 @@ from __future__ import annotations
 import asyncio
 import os
 import pathlib
+import subprocess
 import sys
 from typing import Any
 
 import grpc
 import pytest
 
-from aggregator.server import Aggregator
+from aggregator.metrics import Metrics
+from aggregator.server import Aggregator, make_registry
+from aggregator.settings import Settings
 from aggregator.tracker import PodKey
 from servehealth.v1 import servehealth_pb2 as pb
+from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
 from servehealth_common.states import ServeState, Source
 from tests.conftest import FakeClock, StartAggregator, eventually
 from tests.kube.emulator import DEFAULT_POD_LABELS, KubeEmulator
-from tests.messages import batch, open_node_stream, open_stream, read_until_error, report
+from tests.messages import (
+    batch,
+    hello,
+    open_node_stream,
+    open_stream,
+    read_until_error,
+    report,
+)
 
 SERVING, NOT_READY = pb.SERVE_STATE_SERVING, pb.SERVE_STATE_NOT_READY
 
@@ -265,19 +276,11 @@ async def test_hello_for_an_unknown_pod_or_another_uid_is_refused(
             ("ghost", "", "not known to the kubernetes backend"),
             ("pod-a", "some-old-uid", "has uid"),
         ]:
-            call = await _raw_stream(channel, hello_name, uid)
+            call = pb_grpc.ReportServiceStub(channel).Report()
+            await call.write(hello("default", hello_name, uid))
             error = await read_until_error(call)
             assert error.code() is grpc.StatusCode.FAILED_PRECONDITION
             assert detail in (error.details() or "")
-
-
-async def _raw_stream(channel: grpc.aio.Channel, name: str, uid: str) -> grpc.aio.StreamStreamCall:
-    from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
-    from tests.messages import hello
-
-    call = pb_grpc.ReportServiceStub(channel).Report()
-    await call.write(hello("default", name, uid))
-    return call
 
 
 # -- condition mode --------------------------------------------------------------------
@@ -339,11 +342,19 @@ async def test_auto_backend_picks_kubernetes_with_a_kubeconfig(
     assert aggregator.registry.name == "kubernetes"
 
 
-def test_auto_backend_without_config_is_memory_and_kubernetes_without_config_fails(
+def test_without_a_config_auto_is_memory(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.kube/config
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    registry = make_registry(Settings(kube_backend="auto"), Metrics("test"))
+    assert registry.name == "memory"
+
+
+def test_kubernetes_backend_without_a_config_exits_with_a_clear_error(
     tmp_path: pathlib.Path,
 ) -> None:
-    import subprocess
-
     env = {
         key: value
         for key, value in os.environ.items()
@@ -359,20 +370,3 @@ def test_auto_backend_without_config_is_memory_and_kubernetes_without_config_fai
     )
     assert result.returncode == 1
     assert "no Kubernetes configuration" in result.stderr
-    from aggregator.metrics import Metrics
-    from aggregator.server import make_registry
-    from aggregator.settings import Settings
-
-    old_home = os.environ.get("HOME")
-    # make_registry reads the environment only to look for a kubeconfig.
-    registry = (
-        make_registry(Settings(kube_backend="auto", kubeconfig=""), Metrics("test"))
-        if (
-            not os.path.exists(os.path.expanduser("~/.kube/config"))
-            and "KUBECONFIG" not in os.environ
-        )
-        else None
-    )
-    assert old_home == os.environ.get("HOME")
-    if registry is not None:
-        assert registry.name == "memory"
