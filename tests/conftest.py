@@ -61,6 +61,7 @@ async def start_aggregator() -> AsyncIterator[StartAggregator]:
             **{
                 "listen": "127.0.0.1:0",
                 "metrics_listen": "127.0.0.1:0",
+                "kube_backend": "memory",  # whatever kubeconfig this machine has
                 "shutdown_grace": 0.2,
                 **overrides,
             }

@@ -24,6 +24,8 @@ async def test_sigterm_drains_and_exits_zero() -> None:
         f"127.0.0.1:{port}",
         "--metrics-listen",
         "",
+        "--kube-backend",
+        "memory",
         stderr=asyncio.subprocess.PIPE,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )

@@ -1,0 +1,103 @@
+"""Session fixtures for the end-to-end tests: real subprocesses, real Ray Serve.
+
+The aggregator and the agent start once per session, as ``python -m aggregator`` and
+``python -m node_agent`` on free loopback ports; their output goes to log files under the
+session's tmp dir (printed by the tests when something fails). Ray starts only for tests that
+ask for ``ray_serve``: the agent does not need a proxy to exist (it then reports NO_PROXY), so
+the gRPC-only tests run without Ray.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bench import harness
+from servehealth.v1 import servehealth_pb2 as pb
+from servehealth_common.states import ServeState
+
+
+@pytest.fixture(scope="session")
+def e2e_log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("e2e-logs")
+
+
+@pytest.fixture(scope="session")
+def serve_port() -> int:
+    """The port the Serve proxy will listen on, chosen up front so the agent can probe it."""
+    return harness.free_port()
+
+
+@pytest.fixture(scope="session")
+def pod() -> harness.PodIdentity:
+    return harness.PodIdentity(namespace="default", name="ray-head-e2e", node_name="node-e2e")
+
+
+@pytest.fixture(scope="session")
+def aggregator_process(e2e_log_dir: Path) -> Iterator[harness.AggregatorProcess]:
+    process = harness.start_aggregator(e2e_log_dir, harness.free_port())
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+@pytest.fixture(scope="session")
+def agent_process(
+    e2e_log_dir: Path,
+    aggregator_process: harness.AggregatorProcess,
+    serve_port: int,
+    pod: harness.PodIdentity,
+) -> Iterator[harness.Process]:
+    process = harness.start_agent(e2e_log_dir, aggregator_process.address, serve_port, pod)
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+@pytest.fixture(scope="session")
+def processes(
+    aggregator_process: harness.AggregatorProcess, agent_process: harness.Process
+) -> tuple[harness.Process, ...]:
+    """Both subprocesses, for the log tails in failure messages."""
+    return (agent_process, aggregator_process)
+
+
+@pytest.fixture(scope="session")
+def inspector(aggregator_process: harness.AggregatorProcess) -> Iterator[harness.Inspector]:
+    with harness.Inspector(aggregator_process.address) as client:
+        yield client
+
+
+@pytest.fixture
+def tracked_pod(
+    inspector: harness.Inspector,
+    pod: harness.PodIdentity,
+    processes: tuple[harness.Process, ...],
+) -> pb.Pod:
+    """The agent's pod as the aggregator sees it, once observed (any state but UNKNOWN)."""
+    seen, _ = inspector.wait_for(
+        pod,
+        lambda record: record.state != ServeState.UNKNOWN,
+        "observed by its agent",
+        timeout=10,
+        logs=processes,
+    )
+    return seen
+
+
+@pytest.fixture(scope="session")
+def ray_serve(serve_port: int) -> Iterator[int]:
+    """A local Ray instance with Serve's proxy on ``127.0.0.1:serve_port``; yields the port.
+
+    Torn down (Serve, then Ray) at the end of the session, whatever the tests did to Serve.
+    """
+    harness.start_ray()
+    try:
+        harness.start_serve(serve_port)
+        yield serve_port
+    finally:
+        harness.stop_ray()
