@@ -11,8 +11,10 @@ import itertools
 import logging
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from aggregator.metrics import Metrics
+from aggregator.protection import Protection
 from aggregator.registry import PodInfo, PodRegistry
 from aggregator.tracker import Observation, PodKey, Tracker, Transition
 from servehealth_common.states import ServeState, label_value
@@ -40,16 +42,43 @@ class _Watcher:
     overflowed: bool = False
 
 
+class Puller(Protocol):
+    """What the core asks of the pull fallback (aggregator.puller.Puller)."""
+
+    def can_pull(self, key: PodKey) -> bool: ...
+
+    def pull_now(self, keys: Iterable[PodKey]) -> None: ...
+
+
+#: Failures a blind aggregator would also see; the only ones that count towards PANIC.
+SUSPECT_BAD = frozenset({ServeState.UNHEALTHY, ServeState.SILENT})
+
+
 class Core:
-    def __init__(self, tracker: Tracker, registry: PodRegistry, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        tracker: Tracker,
+        registry: PodRegistry,
+        metrics: Metrics,
+        protection: Protection | None = None,
+        *,
+        panic_settle: float = 0.0,
+        panic_min_pods: int = 3,
+    ) -> None:
         self.tracker = tracker
         self.registry = registry
         self.metrics = metrics
+        self.protection = protection or Protection(1.0, tracker.settings.heartbeat_ttl, tracker.now)
+        self.panic_settle = panic_settle
+        self.panic_min_pods = panic_min_pods
+        self.puller: Puller | None = None
+        self._held: set[PodKey] = set()
         self._stream_ids = itertools.count(1)
         self._agents: set[int] = set()
         self._watchers: set[_Watcher] = set()
         self._reports = metrics.reports
         metrics.track_pods(tracker.counts)
+        metrics.track_pull_mode(self.pods_in_pull_mode)
 
     # -- agents -------------------------------------------------------------------------
 
@@ -103,9 +132,12 @@ class Core:
     def goodbye(self, stream: int, keys: Iterable[PodKey]) -> None:
         """The stream ended (agent gone, network, shutdown); its pods keep their state until
         the heartbeat TTL says otherwise."""
+        keys = list(keys)
         self.tracker.detach(keys, stream)
         self._agents.discard(stream)
         self.metrics.agents_connected.set(len(self._agents))
+        if self.puller is not None and not self.tracker.in_grace():
+            self.puller.pull_now(keys)  # is the proxy still there? ask it now
 
     # -- pods the registry discovers (PodSink) -------------------------------------------
 
@@ -149,8 +181,22 @@ class Core:
         self.metrics.transitions.labels(transition.old.name, transition.new.name, source).inc()
         if transition.label_changed:
             self.metrics.label_changes.labels(new_label).inc()
-        if self.registry.label(transition.key) != new_label:
-            self.registry.desire(transition.key, new_label, transition)
+        key = transition.key
+        was_bad, is_bad = transition.old in SUSPECT_BAD, transition.new in SUSPECT_BAD
+        if is_bad and not was_bad:
+            self.protection.turned_bad()
+        if is_bad != was_bad:
+            self._update_panic()
+        puller = self.puller
+        if transition.new is ServeState.SILENT and puller is not None and puller.can_pull(key):
+            puller.pull_now([key])  # the label waits for what the pull finds
+        elif is_bad and new_label == "false" and self._panic_possible():
+            # A timeout or a silence may be the first of many (the aggregator's own trouble):
+            # let a mass failure show itself before the pod leaves service.
+            loop = asyncio.get_running_loop()
+            loop.call_later(self.panic_settle, self._settled, key, transition)
+        else:
+            self._desire(key, new_label, transition)
         for watcher in self._watchers:
             if watcher.namespace and watcher.namespace != transition.key.namespace:
                 continue
@@ -158,6 +204,84 @@ class Core:
                 watcher.queue.put_nowait(transition)
             except asyncio.QueueFull:
                 watcher.overflowed = True
+
+    def _desire(self, key: PodKey, label: str, transition: Transition | None = None) -> None:
+        """Ask the registry for ``label`` on ``key`` unless PANIC holds a removal."""
+        if label == "false" and self.protection.panic:
+            self._held.add(key)
+            return
+        self._held.discard(key)
+        if self.registry.label(key) != label:
+            self.registry.desire(key, label, transition)
+
+    def _panic_possible(self) -> bool:
+        """Whether waiting ``panic_settle`` could matter: a fleet too small to panic skips it."""
+        return self.panic_settle > 0 and len(self.tracker) >= self.panic_min_pods
+
+    def _settled(self, key: PodKey, transition: Transition) -> None:
+        record = self.tracker.get(key)
+        if record is not None:
+            self._desire(key, record.desired_label, transition)
+
+    def _update_panic(self) -> None:
+        counts = self.tracker.counts()
+        bad = sum(counts[state] for state in SUSPECT_BAD)
+        tracked = len(self.tracker) - counts[ServeState.UNKNOWN]
+        if bad < self.panic_min_pods and not self.protection.panic:
+            return
+        if not self.protection.update(bad, tracked):
+            return
+        self.metrics.panic.set(int(self.protection.panic))
+        if self.protection.panic:
+            log.warning(
+                "PANIC: %d of %d pods turned UNHEALTHY or SILENT within %gs; suspecting the "
+                "aggregator itself (partition, API or DNS trouble): holding every write that "
+                "would take a pod out of service until the share falls to %.0f%% or below",
+                bad,
+                tracked,
+                self.protection.window,
+                self.protection.threshold * 100,
+            )
+            return
+        held, self._held = self._held, set()
+        log.warning(
+            "panic over: %d of %d pods UNHEALTHY or SILENT; applying %d held writes",
+            bad,
+            tracked,
+            len(held),
+        )
+        for key in held:
+            record = self.tracker.get(key)
+            if record is not None:
+                self._desire(key, record.desired_label)
+
+    @property
+    def panic(self) -> bool:
+        return self.protection.panic
+
+    def pods_in_pull_mode(self) -> int:
+        """Pods no agent speaks for: without one, or with a silent one."""
+        return sum(
+            1
+            for record in self.tracker.records()
+            if record.agent is None or record.state is ServeState.SILENT
+        )
+
+    # -- pulls --------------------------------------------------------------------------
+
+    def pulled(self, key: PodKey, observation: Observation, started: float) -> None:
+        """A pull of ``key`` that began at ``started`` (tracker clock) found ``observation``.
+
+        A push that arrived after the pull began is fresher: the pull result is dropped.
+        """
+        record = self.tracker.get(key)
+        if record is None:
+            return
+        if record.pushed_at is not None and record.pushed_at > started:
+            return
+        transition = self.tracker.observe(key, observation)
+        if transition is not None:
+            self._apply(transition)
 
     async def watch(self, namespace: str = "") -> AsyncIterator[Transition]:
         """Every transition from now on, until :meth:`close_watchers`.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Info
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -86,6 +86,31 @@ class Metrics:
             ["result"],
             registry=r,
         )
+
+        self.pull_probes = Counter(
+            f"{PREFIX}_pull_probes",
+            "Probes of pods made by the aggregator itself (pull fallback), by resulting state.",
+            ["result"],
+            registry=r,
+        )
+        self.pull_latency = Histogram(
+            f"{PREFIX}_pull_probe_seconds",
+            "Latency of pull probes (a confirmed failure counts both probes).",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+            registry=r,
+        )
+        self.panic = Gauge(
+            f"{PREFIX}_panic",
+            "1 while the aggregator suspects itself and holds writes that remove pods.",
+            registry=r,
+        )
+
+    def track_pull_mode(self, pods: Callable[[], int]) -> None:
+        Gauge(
+            f"{PREFIX}_pods_in_pull_mode",
+            "Pods no agent speaks for (probed by the aggregator).",
+            registry=self.registry,
+        ).set_function(pods)
 
     def track_pods(self, counts: Callable[[], dict[ServeState, int]]) -> None:
         self.registry.register(_PodsByState(counts))

@@ -7,6 +7,7 @@ import contextlib
 import logging
 import time
 
+import aiohttp
 import grpc
 from aiohttp import web
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -18,12 +19,15 @@ from aggregator.core import Core
 from aggregator.kube.api import KubeApi, find_config, load_configuration
 from aggregator.kube.registry import KubeRegistry, KubeSettings
 from aggregator.metrics import Metrics
+from aggregator.protection import Protection
+from aggregator.puller import Puller, PullSettings
 from aggregator.registry import MemoryRegistry, PodRegistry
 from aggregator.services import InspectionService, ReportService
 from aggregator.settings import Settings, split_host_port
 from aggregator.tracker import Clock, Tracker, TrackerSettings
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
+from servehealth_common.probe import Prober, make_session
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +94,18 @@ class Aggregator:
             clock,
         )
         self.registry = registry or make_registry(settings, self.metrics)
-        self.core = Core(self.tracker, self.registry, self.metrics)
+        self.core = Core(
+            self.tracker,
+            self.registry,
+            self.metrics,
+            Protection(settings.panic_threshold, settings.heartbeat_ttl, clock),
+            panic_settle=settings.panic_settle,
+            panic_min_pods=settings.panic_min_pods,
+        )
+        self.clock = clock
+        self.puller: Puller | None = None
+        self._pull_session: aiohttp.ClientSession | None = None
+        self._pulling: asyncio.Task[None] | None = None
         self.health = health.aio.HealthServicer()
         self._reports = ReportService(self.core, settings.heartbeat_interval)
         self.port = 0
@@ -133,6 +148,7 @@ class Aggregator:
         if settings.metrics_listen:
             await self._start_metrics(*split_host_port(settings.metrics_listen))
         self._expiry = asyncio.create_task(self._expire_forever(), name="expiry")
+        self._start_puller()
         log.info(
             "aggregator %s listening on %s:%d (metrics %s), backend %s, label %s",
             __version__,
@@ -142,6 +158,24 @@ class Aggregator:
             self.registry.name,
             settings.label_key,
         )
+
+    def _start_puller(self) -> None:
+        settings = self.settings
+        self._pull_session = make_session(max_connections=settings.pull_concurrency)
+        self.puller = Puller(
+            self.core,
+            Prober(self._pull_session, settings.pull_timeout, self.clock),
+            PullSettings(
+                pull_interval=settings.pull_interval,
+                pull_timeout=settings.pull_timeout,
+                pull_concurrency=settings.pull_concurrency,
+                heartbeat_ttl=settings.heartbeat_ttl,
+            ),
+            self.metrics,
+            self.clock,
+        )
+        self.core.puller = self.puller
+        self._pulling = asyncio.create_task(self.puller.run(), name="puller")
 
     async def _start_metrics(self, host: str, port: int) -> None:
         async def metrics(_: web.Request) -> web.Response:
@@ -172,10 +206,14 @@ class Aggregator:
         await self.health.enter_graceful_shutdown()
         self.core.close_watchers()
         self._reports.close_streams()
-        if self._expiry is not None:
-            self._expiry.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._expiry
+        for task in (self._expiry, self._pulling):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self.core.puller = None
+        if self._pull_session is not None:
+            await self._pull_session.close()
         if self._server is not None:
             await self._server.stop(self.settings.shutdown_grace)
         if self._metrics_runner is not None:

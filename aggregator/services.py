@@ -163,6 +163,8 @@ class InspectionService(pb_grpc.InspectionServiceServicer):
             pods_by_state={pb.ServeState.Name(int(state)): counts[state] for state in ServeState},
             agents_connected=self._core.agents_connected,
             label_key=self._label_key,
+            panic=self._core.panic,
+            pods_in_pull_mode=self._core.pods_in_pull_mode(),
         )
 
     async def WatchTransitions(

@@ -107,6 +107,27 @@ class Settings:
         "closed at once with UNAVAILABLE so agents reconnect elsewhere.",
         duration=True,
     )
+    pull_interval: float = setting(
+        5.0, "How often pods that never had an agent are probed by the aggregator.", duration=True
+    )
+    pull_timeout: float = setting(
+        0.5, "Total time one pull probe (healthz and routes) may take.", duration=True
+    )
+    pull_concurrency: int = setting(256, "Pull probes in flight at most.")
+    panic_threshold: float = setting(
+        0.5,
+        "PANIC (hold every write that takes a pod out of service) when more than this share "
+        "of tracked pods turned UNHEALTHY or SILENT, most of them within one heartbeat TTL.",
+    )
+    panic_settle: float = setting(
+        1.0,
+        "How long a pod that turned UNHEALTHY or SILENT waits before it leaves service, so a "
+        "mass failure shows itself first; 0 disables the wait.",
+        duration=True,
+    )
+    panic_min_pods: int = setting(
+        3, "PANIC needs at least this many UNHEALTHY or SILENT pods (small fleets)."
+    )
     log_level: str = setting("info", "Log level.", choices=("debug", "info", "warning", "error"))
 
     def __post_init__(self) -> None:
@@ -130,6 +151,14 @@ class Settings:
             raise ValueError("--kube-qps must be positive and --kube-burst at least 1")
         if self.kube_concurrency < 1 or self.kube_timeout <= 0:
             raise ValueError("--kube-concurrency must be at least 1, --kube-timeout positive")
+        if self.pull_interval <= 0 or self.pull_timeout <= 0 or self.pull_concurrency < 1:
+            raise ValueError(
+                "--pull-interval and --pull-timeout must be positive, --pull-concurrency >= 1"
+            )
+        if not 0 < self.panic_threshold <= 1:
+            raise ValueError("--panic-threshold must be in (0, 1]; 1 disables PANIC")
+        if self.panic_settle < 0 or self.panic_min_pods < 1:
+            raise ValueError("--panic-settle must not be negative, --panic-min-pods >= 1")
         if self.startup_grace < 0:
             raise ValueError("--startup-grace must not be negative")
 

@@ -66,6 +66,7 @@ class PodRecord:
     state_since: float
     touched_at: float  # last observation, or registration when nothing was observed yet
     observed_at: float | None = None
+    pushed_at: float | None = None  # last observation by an agent (push)
     source: Source | None = None
     reason: str = ""
     http_status: int = 0
@@ -124,6 +125,10 @@ class Tracker:
         """No pod goes SILENT for ``seconds`` from now (agents reconnecting after a start)."""
         self._hold_until = self._clock() + seconds
 
+    def in_grace(self) -> bool:
+        """Whether the startup grace (see :meth:`hold_expiry`) is still running."""
+        return self._clock() < self._hold_until
+
     def forget(self, key: PodKey) -> None:
         record = self._records.pop(key, None)
         if record is not None:
@@ -147,6 +152,8 @@ class Tracker:
         record = self._records[key]
         now = self._clock()
         record.touched_at = record.observed_at = now
+        if observation.source is Source.PUSH:
+            record.pushed_at = now
         record.source = observation.source
         record.reason = observation.reason
         record.http_status = observation.http_status

@@ -72,12 +72,10 @@ class Agent:
 
     async def probe_once(self) -> ProbeResult:
         """One probe; a failure that would change the state is confirmed by a second one."""
-        result = await self.prober.probe(self.settings.proxy_url)
-        latest = self.latest
-        if not result.serving and (latest is None or latest.state is not result.state):
-            await asyncio.sleep(self.settings.confirm_delay)
-            result = await self.prober.probe(self.settings.proxy_url)
-        return result
+        previous = self.latest.state if self.latest is not None else None
+        return await self.prober.probe_confirmed(
+            self.settings.proxy_url, previous, self.settings.confirm_delay
+        )
 
     async def probe_forever(self) -> None:
         while True:

@@ -87,6 +87,17 @@ class Prober:
             verdict = classify.transport_error(error)
         return ProbeResult(verdict.state, verdict.reason, status, self._clock() - started)
 
+    async def probe_confirmed(
+        self, healthz_url: str, previous: ServeState | None, confirm_delay: float
+    ) -> ProbeResult:
+        """A probe whose failure, if it would change ``previous``, is confirmed by a second
+        probe ``confirm_delay`` later (the second answer is the one that counts)."""
+        result = await self.probe(healthz_url)
+        if not result.serving and result.state is not previous:
+            await asyncio.sleep(confirm_delay)
+            result = await self.probe(healthz_url)
+        return result
+
     async def _get(self, url: str) -> tuple[int, str]:
         async with self._session.get(url, allow_redirects=False) as response:
             raw = await response.content.read(MAX_BODY_BYTES)

@@ -43,6 +43,11 @@ class KubeSettings:
         return self.mode in ("condition", "both")
 
 
+def condition_value(label: str) -> str:
+    """The readiness-gate condition status that goes with a label value."""
+    return "True" if label == "true" else "False"
+
+
 class KubeRegistry(PodRegistry):
     name = "kubernetes"
     seeds_from_cluster = True
@@ -119,10 +124,10 @@ class KubeRegistry(PodRegistry):
         if self.settings.writes_label:
             self.writer.want(key, Kind.LABEL, value)
         if self.settings.writes_condition and self.settings.condition_type in pod.readiness_gates:
-            message = ""
+            message = None
             if transition is not None:
                 message = f"{transition.new.name}: {transition.reason}"[:512]
-            self.writer.want(key, Kind.CONDITION, "True" if value == "true" else "False", message)
+            self.writer.want(key, Kind.CONDITION, condition_value(value), message)
         if self.events is not None and transition is not None and transition.label_changed:
             self.events.record(pod.info, transition)
 
@@ -138,8 +143,18 @@ class KubeRegistry(PodRegistry):
         self._sink.pod_seen(pod.info, pod.labels.get(self.settings.label_key))
         # Someone else changed the label (or the condition): put back what we want.
         wanted = self._sink.desired_label(pod.key)
-        if wanted is not None and self._current(pod.key, Kind.LABEL) != wanted:
-            self.desire(pod.key, wanted)
+        if wanted is None:
+            return
+        if self.settings.writes_label and self._current(pod.key, Kind.LABEL) != wanted:
+            self.writer.want(pod.key, Kind.LABEL, wanted)
+        condition = self._current(pod.key, Kind.CONDITION)
+        if (
+            self.settings.writes_condition
+            and self.settings.condition_type in pod.readiness_gates
+            and condition is not None
+            and condition != condition_value(wanted)
+        ):
+            self.writer.want(pod.key, Kind.CONDITION, condition_value(wanted))
 
     def _delete(self, key: PodKey) -> None:
         self._pods.pop(key, None)

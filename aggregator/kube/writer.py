@@ -89,8 +89,12 @@ class Writer:
 
     # -- what the registry calls --------------------------------------------------------
 
-    def want(self, key: PodKey, kind: Kind, value: str, message: str = "") -> None:
+    def want(self, key: PodKey, kind: Kind, value: str, message: str | None = None) -> None:
+        """Make ``kind`` of ``key`` say ``value``; ``message`` (conditions) None keeps the one
+        already wanted."""
         target = (key, kind)
+        if message is None:
+            message = self._wanted.get(target, ("", ""))[1]
         self._wanted[target] = (value, message)
         self._enqueue(target)
 

@@ -66,23 +66,23 @@ async def send(call: grpc.aio.StreamStreamCall, message: pb.AgentMessage) -> Non
 async def test_pods_appear_update_and_vanish(
     kube_emulator: KubeEmulator, start_kube: StartAggregator
 ) -> None:
-    kube_emulator.add_pod("default", "listed", pod_ip="10.0.0.1")
+    kube_emulator.add_pod("default", "listed", pod_ip="127.0.0.1")
     kube_emulator.add_pod("default", "not-ray", labels={"app": "web"})
-    aggregator = await start_kube()
+    aggregator = await start_kube(startup_grace=60)  # no pulls: this test is about discovery
     assert state(aggregator, "listed") is ServeState.UNKNOWN
     assert state(aggregator, "not-ray") is None  # outside the pod selector
     await kube_emulator.wait_for_watches(1)
 
-    kube_emulator.add_pod("default", "watched", pod_ip="10.0.0.2", serve_port=8123)
+    kube_emulator.add_pod("default", "watched", pod_ip="127.0.0.2", serve_port=8123)
     await eventually(lambda: state(aggregator, "watched") is ServeState.UNKNOWN)
     info = aggregator.registry.pod(PodKey("default", "watched"))
     assert info is not None
-    assert (info.pod_ip, info.serve_port, info.node_name) == ("10.0.0.2", 8123, "node-1")
+    assert (info.pod_ip, info.serve_port, info.node_name) == ("127.0.0.2", 8123, "node-1")
 
-    kube_emulator.modify_pod("default", "watched", pod_ip="10.0.0.9")
+    kube_emulator.modify_pod("default", "watched", pod_ip="127.0.0.9")
     await eventually(
         lambda: (
-            (p := aggregator.registry.pod(PodKey("default", "watched"))) and p.pod_ip == "10.0.0.9"
+            (p := aggregator.registry.pod(PodKey("default", "watched"))) and p.pod_ip == "127.0.0.9"
         )
     )
     kube_emulator.add_pod("default", "no-serve-port", serve_port=None)
@@ -257,9 +257,9 @@ async def test_events_on_label_changes(
         await send(call, report(pb.SERVE_STATE_NO_PROXY, 2, "Connection refused"))
         await send(call, report(pb.SERVE_STATE_UNHEALTHY, 3, "timeout"))  # false -> false
         await eventually(lambda: len(kube_emulator.events("default")) == 2)
-        healthy, unhealthy = kube_emulator.events("default")
-        assert (healthy["reason"], healthy["type"]) == ("ServeHealthy", "Normal")
-        assert (unhealthy["reason"], unhealthy["type"]) == ("ServeUnhealthy", "Warning")
+        by_reason = {event["reason"]: event for event in kube_emulator.events("default")}
+        healthy, unhealthy = by_reason["ServeHealthy"], by_reason["ServeUnhealthy"]
+        assert (healthy["type"], unhealthy["type"]) == ("Normal", "Warning")
         assert unhealthy["involvedObject"]["name"] == "pod-a"
         assert unhealthy["involvedObject"]["uid"] == pod["metadata"]["uid"]
         assert "SERVING -> NO_PROXY: Connection refused" in unhealthy["message"]

@@ -251,7 +251,7 @@ async def test_watch_from_resource_version_streams_later_changes_in_order(
     await asyncio.to_thread(
         core_v1.patch_namespaced_pod, "new", "ray", {"metadata": {"labels": {"a": "b"}}}
     )
-    kube_emulator.modify_pod("ray", "before", pod_ip="10.0.0.9")
+    kube_emulator.modify_pod("ray", "before", pod_ip="127.0.0.9")
     kube_emulator.delete_pod("ray", "new")
     events = await task
     assert _summary(events) == [
@@ -265,7 +265,7 @@ async def test_watch_from_resource_version_streams_later_changes_in_order(
     assert len(set(versions)) == 4
     assert versions[0] > int(listed.metadata.resource_version)
     assert events[1]["object"].metadata.labels["a"] == "b"
-    assert events[2]["object"].status.pod_ip == "10.0.0.9"
+    assert events[2]["object"].status.pod_ip == "127.0.0.9"
 
 
 async def test_watch_without_resource_version_replays_current_objects_first(

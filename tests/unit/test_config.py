@@ -77,9 +77,9 @@ def test_aggregator_defaults() -> None:
 def test_agent_flags() -> None:
     settings = load_agent(
         [
-            "--aggregator=10.0.0.1:50051",
+            "--aggregator=127.0.0.1:50051",
             "--proxy-url",
-            "http://10.0.0.2:8000/-/healthz",
+            "http://127.0.0.2:8000/-/healthz",
             "--interval",
             "2s",
             "--probe-timeout",
@@ -95,8 +95,8 @@ def test_agent_flags() -> None:
         ]
     )
     assert settings == AgentSettings(
-        aggregator="10.0.0.1:50051",
-        proxy_url="http://10.0.0.2:8000/-/healthz",
+        aggregator="127.0.0.1:50051",
+        proxy_url="http://127.0.0.2:8000/-/healthz",
         interval=2.0,
         probe_timeout=0.3,
         confirm_delay=0.05,
