@@ -39,7 +39,10 @@ class FakeServeProxy:
         return f"http://{self.host}:{self.port}/-/healthz"
 
     def set(self, healthz: tuple[int, str], routes: tuple[int, str] = ROUTES) -> None:
+        """Answer like this from now on; requests left hanging are answered too."""
         self.healthz, self.routes, self.hang = healthz, routes, False
+        self._release.set()
+        self._release = asyncio.Event()
 
     async def _answer(self, answer: tuple[int, str]) -> web.Response:
         self.requests += 1

@@ -1,0 +1,235 @@
+"""The pull fallback and self-protection end to end on the Kubernetes backend: a killed agent
+(SIGKILL of a real agent process), an agent that goes silent with its stream open, and PANIC
+when most of the fleet fails at once (agents gone, proxies hung), seen through grpcurl."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import pytest
+
+from aggregator.server import Aggregator
+from aggregator.tracker import PodKey
+from bench import harness
+from servehealth.v1 import servehealth_pb2 as pb
+from servehealth_common.states import ServeState, Source
+from tests.conftest import StartAggregator, eventually
+from tests.fakes import DRAINING, NOT_POPULATED, FakeServeProxy
+from tests.kube.emulator import KubeEmulator
+from tests.messages import open_stream, report
+
+GRPCURL = pathlib.Path(sys.executable).parent / "grpcurl"
+TTL, PULL_TIMEOUT = 3.0, 0.5
+
+
+@pytest.fixture
+def start_kube(start_aggregator: StartAggregator, kubeconfig_path: pathlib.Path) -> StartAggregator:
+    async def start(**overrides: Any) -> Aggregator:
+        settings = {
+            "kube_backend": "kubernetes",
+            "kubeconfig": str(kubeconfig_path),
+            "startup_grace": 0.3,
+            "heartbeat_ttl": TTL,
+            "pull_timeout": PULL_TIMEOUT,
+            "events": False,
+            **overrides,
+        }
+        return await start_aggregator(**settings)
+
+    return start
+
+
+@pytest.fixture
+async def proxies() -> AsyncIterator[list[FakeServeProxy]]:
+    """Ten healthy fake Serve proxies on loopback ports."""
+    started = [await FakeServeProxy().start() for _ in range(10)]
+    yield started
+    for proxy in started:
+        await proxy.stop()
+
+
+def add_pods(kube: KubeEmulator, proxies: list[FakeServeProxy]) -> list[dict[str, Any]]:
+    return [
+        kube.add_pod("default", f"pod-{i}", pod_ip="127.0.0.1", serve_port=proxy.port)
+        for i, proxy in enumerate(proxies)
+    ]
+
+
+def label(kube: KubeEmulator, name: str) -> str | None:
+    return kube.pod_labels("default", name).get("ray.io/serve")
+
+
+def removals(kube: KubeEmulator, since: int = 0) -> list[str]:
+    """Pods whose label was patched to false."""
+    return [
+        call.name
+        for call in kube.requests("PATCH", since=since)
+        if call.body.get("metadata", {}).get("labels", {}).get("ray.io/serve") == "false"
+    ]
+
+
+def record(aggregator: Aggregator, name: str) -> Any:
+    return aggregator.tracker.get(PodKey("default", name))
+
+
+async def test_killed_agent_keeps_label_then_dead_proxy_loses_it(
+    kube_emulator: KubeEmulator,
+    start_kube: StartAggregator,
+    fake_proxy: FakeServeProxy,
+    tmp_path: pathlib.Path,
+) -> None:
+    pod = kube_emulator.add_pod("default", "pod-a", pod_ip="127.0.0.1", serve_port=fake_proxy.port)
+    aggregator = await start_kube()
+    identity = harness.PodIdentity("default", "pod-a", pod["metadata"]["uid"], "node-1")
+    agent = await asyncio.to_thread(
+        harness.start_agent, tmp_path, f"127.0.0.1:{aggregator.port}", fake_proxy.port, identity
+    )
+    try:
+        await kube_emulator.wait_until(lambda: label(kube_emulator, "pod-a") == "true")
+        mark = kube_emulator.checkpoint()
+        os.kill(agent.pid, signal.SIGKILL)
+        await asyncio.to_thread(agent.popen.wait, 10)
+        # Pulled at once, and again before each TTL would run out: at least three pulls span
+        # more than one TTL, all confirming SERVING; the label is never touched.
+        await eventually(
+            lambda: (r := record(aggregator, "pod-a")).source is Source.PULL and r.agent is None
+        )
+        pulls = aggregator.metrics.pull_probes.labels("SERVING")
+        await eventually(lambda: pulls._value.get() >= 3, timeout=3 * TTL)
+        assert record(aggregator, "pod-a").state is ServeState.SERVING
+        assert kube_emulator.requests("PATCH", since=mark) == []
+
+        loop = asyncio.get_running_loop()
+        stopped = loop.time()
+        await fake_proxy.stop()  # the proxy dies too: connections are refused
+        await kube_emulator.wait_until(
+            lambda: label(kube_emulator, "pod-a") == "false", within=TTL + PULL_TIMEOUT + 5
+        )
+        took = loop.time() - stopped
+        print(f"label false {took:.2f}s after the proxy stopped")
+        assert took <= TTL + PULL_TIMEOUT + 1
+        assert record(aggregator, "pod-a").state is ServeState.NO_PROXY
+    finally:
+        agent.stop()
+
+
+async def test_silent_agent_with_open_stream_is_pulled(
+    kube_emulator: KubeEmulator, start_kube: StartAggregator, fake_proxy: FakeServeProxy
+) -> None:
+    pod = kube_emulator.add_pod("default", "pod-a", pod_ip="127.0.0.1", serve_port=fake_proxy.port)
+    aggregator = await start_kube(heartbeat_ttl=1.0, heartbeat_interval=0.3, pull_interval=60)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{aggregator.port}") as channel:
+        call = await open_stream(channel, uid=pod["metadata"]["uid"])
+        await call.write(report(pb.SERVE_STATE_SERVING, 1, "success"))
+        await call.read()
+        await kube_emulator.wait_until(lambda: label(kube_emulator, "pod-a") == "true")
+        silent = aggregator.metrics.transitions.labels("SERVING", "SILENT", "ttl")
+        # The agent says nothing more but keeps its stream open: SILENT after the TTL, then
+        # pulled; the proxy answers, so the pod is SERVING again and its label never moved.
+        await eventually(lambda: silent._value.get() == 1, timeout=5)
+        await eventually(
+            lambda: (
+                (r := record(aggregator, "pod-a")).state is ServeState.SERVING
+                and r.source is Source.PULL
+            ),
+            timeout=5,
+        )
+        assert record(aggregator, "pod-a").agent is not None  # still connected, just silent
+        assert removals(kube_emulator) == []
+        # It keeps being pulled while its agent is silent.
+        fake_proxy.set(DRAINING)
+        await kube_emulator.wait_until(lambda: label(kube_emulator, "pod-a") == "false", within=5)
+        assert record(aggregator, "pod-a").source is Source.PULL
+        call.cancel()
+
+
+async def test_most_agents_disconnecting_removes_no_label(
+    kube_emulator: KubeEmulator, start_kube: StartAggregator, proxies: list[FakeServeProxy]
+) -> None:
+    pods = add_pods(kube_emulator, proxies)
+    aggregator = await start_kube(pull_interval=60)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{aggregator.port}") as channel:
+        calls = []
+        for i, pod in enumerate(pods):
+            call = await open_stream(channel, f"pod-{i}", uid=pod["metadata"]["uid"])
+            await call.write(report(pb.SERVE_STATE_SERVING, 1, "success"))
+            await call.read()
+            calls.append(call)
+        await kube_emulator.wait_until(
+            lambda: all(label(kube_emulator, f"pod-{i}") == "true" for i in range(10))
+        )
+        for call in calls[:8]:  # 80 % of the agents vanish at once
+            call.cancel()
+        await eventually(
+            lambda: all(record(aggregator, f"pod-{i}").source is Source.PULL for i in range(8))
+        )
+        assert all(record(aggregator, f"pod-{i}").state is ServeState.SERVING for i in range(10))
+        assert removals(kube_emulator) == []
+        assert not aggregator.core.panic
+        summary = await grpcurl_summary(aggregator)
+        assert summary.get("podsInPullMode", summary.get("pods_in_pull_mode")) == 8
+        for call in calls[8:]:
+            call.cancel()
+
+
+async def test_most_proxies_hanging_is_panic_and_removes_no_label(
+    kube_emulator: KubeEmulator, start_kube: StartAggregator, proxies: list[FakeServeProxy]
+) -> None:
+    add_pods(kube_emulator, proxies)  # no agents: pure pull
+    aggregator = await start_kube(pull_interval=0.5)
+    await kube_emulator.wait_until(
+        lambda: all(label(kube_emulator, f"pod-{i}") == "true" for i in range(10)), within=10
+    )
+    for proxy in proxies[:8]:  # 80 % of the proxies hang at once
+        proxy.hang = True
+    await eventually(lambda: aggregator.core.panic, timeout=10)
+    summary = await grpcurl_summary(aggregator)
+    assert summary["panic"] is True
+    # Probing goes on; the held removals never reach the API.
+    unhealthy = aggregator.metrics.pull_probes.labels("UNHEALTHY")
+    seen = unhealthy._value.get()
+    await eventually(lambda: unhealthy._value.get() >= seen + 8, timeout=10)
+    assert removals(kube_emulator) == []
+    assert aggregator.core.panic
+
+    # Recovery: six proxies answer again, two stay hung, and one of the others now says 503.
+    for proxy in proxies[2:8]:
+        proxy.set(proxy.healthz)
+    proxies[9].set(NOT_POPULATED)
+    await eventually(lambda: not aggregator.core.panic, timeout=15)
+    # Panic over: what the probes show is applied (the two hung ones and the 503 go out).
+    await kube_emulator.wait_until(
+        lambda: (
+            [label(kube_emulator, f"pod-{i}") for i in range(10)]
+            == ["false", "false", *["true"] * 7, "false"]
+        ),
+        within=15,
+    )
+    summary = await grpcurl_summary(aggregator)
+    assert "panic" not in summary  # false is left out of the JSON
+
+
+async def grpcurl_summary(aggregator: Aggregator) -> dict[str, Any]:
+    result = await asyncio.to_thread(
+        subprocess.run,
+        [
+            str(GRPCURL),
+            "-plaintext",
+            f"127.0.0.1:{aggregator.port}",
+            "servehealth.v1.InspectionService/GetSummary",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
