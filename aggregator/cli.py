@@ -6,13 +6,13 @@ import asyncio
 import logging
 import os
 import signal
-import sys
 from collections.abc import Sequence
 
-from aggregator.kube.api import NoKubeConfig
 from aggregator.server import Aggregator
 from aggregator.settings import Settings
+from servehealth_common import logs, runtime
 from servehealth_common.config import load
+from servehealth_common.kube.client import NoKubeConfig
 
 DESCRIPTION = (
     "Aggregate Ray Serve proxy health pushed by node agents, and decide which pods carry the "
@@ -37,13 +37,9 @@ async def run(settings: Settings) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     settings = parse(argv)
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    logs.setup(settings.log_level, settings.log_format)
     try:
-        asyncio.run(run(settings))
+        runtime.run(run(settings))
     except NoKubeConfig as error:
         logging.getLogger("aggregator").error("cannot start: %s", error)
         return 1

@@ -7,26 +7,36 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from node_agent.agent import Agent
-from node_agent.identity import Identity, MissingIdentity
+from node_agent.identity import Identity, MissingIdentity, node_name_from_environ
 from node_agent.settings import Settings
+from servehealth_common import logs, runtime
 from servehealth_common.config import load
 from servehealth_common.probe import Prober, make_session
 
+if TYPE_CHECKING:  # the Kubernetes client costs ~30 MiB: only DaemonSet mode loads it
+    from node_agent.daemonset import NodeAgent
+
 DESCRIPTION = (
-    "Probe the local Ray Serve HTTP proxy and stream its health to the ray-serve-health "
-    "aggregator. Identity comes from the downward API: POD_NAMESPACE, POD_NAME, POD_UID, "
-    "NODE_NAME."
+    "Probe Ray Serve HTTP proxies and stream their health to the ray-serve-health aggregator. "
+    "Sidecar mode: the local proxy, identity from the downward API (POD_NAMESPACE, POD_NAME, "
+    "POD_UID, NODE_NAME). DaemonSet mode: every Ray pod on the node NODE_NAME, found by listing "
+    "and watching pods."
 )
 
 log = logging.getLogger("node_agent")
 
+#: Builds the agent once the probe session exists (it must be made inside the event loop).
+MakeAgent = Callable[[Prober], "Agent | NodeAgent"]
 
-async def run(settings: Settings, identity: Identity) -> None:
-    async with make_session(max_connections=4) as session:
-        agent = Agent(settings, identity, Prober(session, settings.probe_timeout))
+
+async def run(settings: Settings, make_agent: MakeAgent) -> None:
+    async with make_session(max_connections=settings.probe_concurrency) as session:
+        prober = Prober(session, settings.probe_timeout, concurrency=settings.probe_concurrency)
+        agent = make_agent(prober)
         task = asyncio.create_task(agent.run())
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
@@ -39,16 +49,18 @@ async def run(settings: Settings, identity: Identity) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     settings = load(Settings, argv, os.environ, "serve-health-agent", DESCRIPTION)
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    logs.setup(settings.log_level, settings.log_format)
     try:
-        identity = Identity.from_environ(os.environ)
+        if settings.mode == "daemonset":
+            return _run_daemonset(settings)
+        return _run_sidecar(settings)
     except MissingIdentity as error:
         print(f"serve-health-agent: error: {error}", file=sys.stderr)
         return 2
+
+
+def _run_sidecar(settings: Settings) -> int:
+    identity = Identity.from_environ(os.environ)
     log.info(
         "agent for pod %s on node %s: probing %s every %gs, reporting to %s",
         identity,
@@ -57,5 +69,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings.interval,
         settings.aggregator,
     )
-    asyncio.run(run(settings, identity))
+    runtime.run(run(settings, lambda prober: Agent(settings, identity, prober)))
+    return 0
+
+
+def _run_daemonset(settings: Settings) -> int:
+    from node_agent.daemonset import NodeAgent, make_kube_client
+    from servehealth_common.kube.client import NoKubeConfig
+
+    node_name = node_name_from_environ(os.environ)
+    try:
+        client = make_kube_client(settings)
+    except NoKubeConfig as error:
+        print(f"serve-health-agent: error: {error}", file=sys.stderr)
+        return 2
+    log.info(
+        "agent for node %s: probing the Ray pods on it (selector %r, %s) every %gs, "
+        "reporting to %s",
+        node_name,
+        settings.pod_selector,
+        f"namespaces {', '.join(settings.namespace)}" if settings.namespace else "all namespaces",
+        settings.interval,
+        settings.aggregator,
+    )
+    try:
+        runtime.run(run(settings, lambda prober: NodeAgent(settings, node_name, prober, client)))
+    finally:
+        client.close()
     return 0

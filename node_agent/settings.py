@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from servehealth_common.config import setting
+from servehealth_common.logs import FORMATS
+
+MODES = ("sidecar", "daemonset")
 
 
 @dataclass(frozen=True)
@@ -16,7 +19,7 @@ class Settings:
         "http://127.0.0.1:8000/-/healthz",
         "The Serve proxy's health URL; /-/routes on the same host confirms a healthy answer.",
     )
-    interval: float = setting(1.0, "How often the proxy is probed.", duration=True)
+    interval: float = setting(1.0, "How often each proxy is probed.", duration=True)
     probe_timeout: float = setting(
         0.5, "Total time one probe (healthz and routes) may take.", duration=True
     )
@@ -25,8 +28,36 @@ class Settings:
     )
     mode: str = setting(
         "sidecar",
-        "sidecar: report for the pod named by POD_NAMESPACE/POD_NAME.",
-        choices=("sidecar",),
+        "sidecar: probe --proxy-url and report for the pod named by POD_NAMESPACE/POD_NAME; "
+        "daemonset: probe every Ray pod on the node NODE_NAME (pod IP, container port 'serve') "
+        "and report for all of them on one stream.",
+        choices=MODES,
+    )
+    kubeconfig: str = setting(
+        "",
+        "DaemonSet mode: path of a kubeconfig file; without it, the in-cluster ServiceAccount "
+        "(it needs list and watch on pods, nothing else).",
+        shown="(in-cluster)",
+    )
+    namespace: tuple[str, ...] = setting(
+        (),
+        "DaemonSet mode: namespace of the Ray pods to probe; repeat the flag (or comma-separate "
+        "the variable) for several.",
+        shown="(all namespaces)",
+    )
+    pod_selector: str = setting(
+        "ray.io/node-type",
+        "DaemonSet mode: label selector of the pods to probe (default: every KubeRay pod); "
+        "only pods on this node (spec.nodeName) are listed.",
+    )
+    proxy_port: int = setting(
+        8000, "DaemonSet mode: Serve proxy port of pods with no container port named 'serve'."
+    )
+    probe_concurrency: int = setting(
+        32, "Probes in flight at most (DaemonSet mode: across all pods of the node)."
+    )
+    kube_timeout: float = setting(
+        10.0, "DaemonSet mode: deadline of one Kubernetes API request.", duration=True
     )
     connect_timeout: float = setting(
         5.0, "Deadline to connect to the aggregator and to hear its settings.", duration=True
@@ -35,6 +66,12 @@ class Settings:
         10.0, "Longest wait between reconnection attempts (exponential, jittered).", duration=True
     )
     log_level: str = setting("info", "Log level.", choices=("debug", "info", "warning", "error"))
+    log_format: str = setting(
+        "text",
+        "text: one line per record for people; json: one JSON object per line (time, level, "
+        "logger, message and structured fields) for log pipelines.",
+        choices=FORMATS,
+    )
 
     def __post_init__(self) -> None:
         if not self.aggregator:
@@ -45,6 +82,10 @@ class Settings:
             raise ValueError("--interval and --probe-timeout must be positive")
         if self.connect_timeout <= 0 or self.reconnect_max <= 0:
             raise ValueError("--connect-timeout and --reconnect-max must be positive")
+        if not 0 < self.proxy_port < 65536:
+            raise ValueError(f"--proxy-port must be a TCP port, got {self.proxy_port}")
+        if self.probe_concurrency < 1 or self.kube_timeout <= 0:
+            raise ValueError("--probe-concurrency must be at least 1, --kube-timeout positive")
         if self.confirm_delay < 0:
             raise ValueError("--confirm-delay must not be negative")
         if self.probe_timeout >= self.interval:

@@ -51,19 +51,32 @@ def make_session(max_connections: int = 0) -> aiohttp.ClientSession:
 
 
 class Prober:
-    """Answers "what state is the proxy at this URL in?" within ``timeout`` seconds."""
+    """Answers "what state is the proxy at this URL in?" within ``timeout`` seconds.
+
+    With ``concurrency``, at most that many probes are in flight; a probe waiting for its turn
+    has not started yet (its timeout and latency begin when it does).
+    """
 
     def __init__(
         self,
         session: aiohttp.ClientSession,
         timeout: float,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        concurrency: int = 0,
     ) -> None:
         self._session = session
         self._timeout = timeout
         self._clock = clock
+        self._slots = asyncio.Semaphore(concurrency) if concurrency > 0 else None
 
     async def probe(self, healthz_url: str) -> ProbeResult:
+        if self._slots is None:
+            return await self._probe(healthz_url)
+        async with self._slots:
+            return await self._probe(healthz_url)
+
+    async def _probe(self, healthz_url: str) -> ProbeResult:
         started = self._clock()
         status = 0
         try:

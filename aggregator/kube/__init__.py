@@ -1,5 +1,6 @@
 """The Kubernetes backend: discovery of Ray pods, and the writer that keeps their label true.
 
-Only this package imports the ``kubernetes`` client; its errors are wrapped in
-:mod:`aggregator.kube.errors` at the boundary.
+Built on the reads shared with the DaemonSet agent (:mod:`servehealth_common.kube`); only these
+two packages import the ``kubernetes`` client, whose errors are wrapped in
+:mod:`servehealth_common.kube.errors` at the boundary.
 """

@@ -9,10 +9,10 @@ import logging
 from aiolimiter import AsyncLimiter
 
 from aggregator.kube.api import KubeApi
-from aggregator.kube.errors import APIError
 from aggregator.metrics import Metrics
 from aggregator.registry import PodInfo
 from aggregator.tracker import Transition
+from servehealth_common.kube.errors import APIError
 from servehealth_common.states import ServeState
 
 log = logging.getLogger(__name__)
@@ -58,17 +58,24 @@ class EventRecorder:
         self._metrics = metrics
         self._limiter = AsyncLimiter(burst, burst / qps)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._waiting = 0
 
     def record(self, pod: PodInfo, transition: Transition) -> None:
-        if not self._limiter.has_capacity():
+        # Tokens are taken when a send starts: count the sends already waiting for one, or a
+        # burst of transitions would queue instead of being dropped.
+        if not self._limiter.has_capacity(self._waiting + 1):
             self._metrics.events.labels("dropped").inc()
             return
+        self._waiting += 1
         task = asyncio.create_task(self._send(pod, transition))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     async def _send(self, pod: PodInfo, transition: Transition) -> None:
-        await self._limiter.acquire()
+        try:
+            await self._limiter.acquire()
+        finally:
+            self._waiting -= 1
         try:
             await self._api.create_event(pod.key.namespace, event_body(pod, transition))
         except APIError as error:

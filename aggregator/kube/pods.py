@@ -7,9 +7,7 @@ from typing import Any
 
 from aggregator.registry import PodInfo
 from aggregator.tracker import PodKey
-
-#: KubeRay names the Serve proxy's container port "serve".
-SERVE_PORT_NAME = "serve"
+from servehealth_common.kube.pods import serve_port
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,14 +21,6 @@ class KubePod:
     @property
     def key(self) -> PodKey:
         return self.info.key
-
-
-def serve_port(pod: dict[str, Any], default: int) -> int:
-    for container in pod.get("spec", {}).get("containers") or []:
-        for port in container.get("ports") or []:
-            if port.get("name") == SERVE_PORT_NAME and port.get("containerPort"):
-                return int(port["containerPort"])
-    return default
 
 
 def parse_pod(pod: dict[str, Any], default_port: int) -> KubePod:

@@ -26,9 +26,9 @@ from typing import Any
 from aiolimiter import AsyncLimiter
 
 from aggregator.kube.api import KubeApi
-from aggregator.kube.errors import APIConflictError, APIError, APINotFoundError
 from aggregator.metrics import Metrics
 from aggregator.tracker import PodKey
+from servehealth_common.kube.errors import APIConflictError, APIError, APINotFoundError
 
 log = logging.getLogger(__name__)
 
@@ -148,6 +148,12 @@ class Writer:
             retry_in: float | None = None
             try:
                 retry_in = await self._write_if_needed(target)
+            except Exception:  # a surprise must not stop every other write: retry this one
+                attempt = self._attempts[target] = self._attempts.get(target, 0) + 1
+                retry_in = retry_delay(attempt, self._rng)
+                log.exception(
+                    "write of %s %s failed (attempt %d)", target[0], target[1].value, attempt
+                )
             finally:
                 self._in_flight.discard(target)
                 if retry_in is not None and target in self._wanted:
@@ -192,8 +198,10 @@ class Writer:
             return 0.0
         except APIError as error:
             attempt = self._attempts[target] = self._attempts.get(target, 0) + 1
-            delay = error.retry_after if error.retry_after is not None else None
-            delay = delay if delay is not None else retry_delay(attempt, self._rng)
+            if error.retry_after is not None:  # honoured, within reason
+                delay = min(max(error.retry_after, RETRY_BACKOFF[0]), RETRY_BACKOFF[-1])
+            else:
+                delay = retry_delay(attempt, self._rng)
             self._metrics.label_writes.labels(kind.value, "error").inc()
             self._metrics.api_retries.labels(str(error.status or "transport")).inc()
             level = logging.WARNING if error.retryable else logging.ERROR

@@ -1,7 +1,8 @@
 """The project's own errors for Kubernetes API calls (kopf's habit: no client exception leaks).
 
 :func:`wrap` turns whatever the official client or urllib3 raised into one of these, so that
-the rest of the aggregator decides on types, never on status codes or library classes.
+the rest of the code (aggregator and agent) decides on types, never on status codes or library
+classes.
 """
 
 from __future__ import annotations

@@ -1,0 +1,208 @@
+"""The DaemonSet agent: probes every Ray pod on its node and reports them all on one stream.
+
+It lists and watches the pods of its node (field selector ``spec.nodeName=<NODE_NAME>``, the
+``--pod-selector`` labels, every namespace or the ``--namespace`` ones): the only Kubernetes
+calls it makes, so its RBAC is ``list`` and ``watch`` on pods. Each pod with an IP gets its own
+:class:`~node_agent.probing.PodProbe` of ``http://<pod IP>:<serve port>/-/healthz`` (all over
+one HTTP session, at most ``--probe-concurrency`` probes in flight); a pod that vanishes, ends
+(phase Succeeded or Failed) or loses its IP stops being probed and reported. Results go into
+one :class:`~node_agent.stream.Outbox`, which one :class:`~node_agent.stream.ReportStream`
+(hello in ``AGENT_MODE_DAEMONSET`` with the node's name) sends to the aggregator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from node_agent import __version__
+from node_agent.probing import PodProbe
+from node_agent.settings import Settings
+from node_agent.stream import Outbox, ReportStream
+from servehealth.v1 import servehealth_pb2 as pb
+from servehealth_common.kube.client import KubeClient, load_configuration
+from servehealth_common.kube.pods import healthz_url, serve_port
+from servehealth_common.kube.watch import PodWatch
+from servehealth_common.probe import Prober
+
+log = logging.getLogger(__name__)
+
+USER_AGENT = f"ray-serve-health-agent/{__version__}"
+#: Threads for the pod lists (watches run in threads of their own).
+KUBE_THREADS = 2
+#: Phases after which a pod's containers are gone for good.
+FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
+
+PodKey = tuple[str, str]  # (namespace, name)
+
+
+def make_kube_client(settings: Settings) -> KubeClient:
+    """The agent's Kubernetes client: ``--kubeconfig``, else the in-cluster ServiceAccount.
+
+    Raises :class:`~servehealth_common.kube.client.NoKubeConfig` without either.
+    """
+    return KubeClient(
+        load_configuration(settings.kubeconfig, search=False),
+        timeout=settings.kube_timeout,
+        concurrency=KUBE_THREADS,
+        user_agent=USER_AGENT,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class PodTarget:
+    """A Ray pod on this node, as far as probing it goes (labels and the rest do not matter:
+    a change of them alone leaves the pod's probe running)."""
+
+    namespace: str
+    name: str
+    uid: str
+    pod_ip: str
+    serve_port: int
+    finished: bool
+
+    @classmethod
+    def from_pod(cls, pod: dict[str, Any], default_port: int) -> PodTarget:
+        metadata = pod.get("metadata") or {}
+        status = pod.get("status") or {}
+        return cls(
+            namespace=metadata.get("namespace", ""),
+            name=metadata.get("name", ""),
+            uid=metadata.get("uid", ""),
+            pod_ip=status.get("podIP", "") or "",
+            serve_port=serve_port(pod, default_port),
+            finished=status.get("phase") in FINISHED_PHASES,
+        )
+
+    @property
+    def key(self) -> PodKey:
+        return (self.namespace, self.name)
+
+    @property
+    def probeable(self) -> bool:
+        return bool(self.pod_ip) and not self.finished
+
+    @property
+    def url(self) -> str:
+        return healthz_url(self.pod_ip, self.serve_port)
+
+    @property
+    def ref(self) -> pb.PodRef:
+        return pb.PodRef(namespace=self.namespace, name=self.name, uid=self.uid)
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class _Probing:
+    target: PodTarget
+    probe: PodProbe
+    task: asyncio.Task[None]
+
+
+class NodeAgent:
+    """``await run()`` until cancelled. :attr:`probes` shows which pods are probed now."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        node_name: str,
+        prober: Prober,
+        client: KubeClient,
+        *,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.settings = settings
+        self.node_name = node_name
+        self.prober = prober
+        self.rng = rng or random.Random()
+        self.outbox = Outbox()
+        hello = pb.Hello(
+            mode=pb.AGENT_MODE_DAEMONSET, node_name=node_name, agent_version=__version__
+        )
+        self.stream = ReportStream(
+            settings, hello, self.outbox, who=f"node {node_name}", rng=self.rng
+        )
+        self.watch = PodWatch(
+            client,
+            namespaces=settings.namespace,
+            label_selector=settings.pod_selector,
+            field_selector=f"spec.nodeName={node_name}",
+            parse=functools.partial(PodTarget.from_pod, default_port=settings.proxy_port),
+            upsert=self._seen,
+            delete=self._gone,
+        )
+        self._probing: dict[PodKey, _Probing] = {}
+        self._group: asyncio.TaskGroup | None = None
+
+    @property
+    def connected(self) -> asyncio.Event:
+        return self.stream.connected
+
+    @property
+    def probes(self) -> Mapping[PodKey, PodProbe]:
+        """The pods probed now, by (namespace, name)."""
+        return {key: probing.probe for key, probing in self._probing.items()}
+
+    async def run(self) -> None:
+        try:
+            async with asyncio.TaskGroup() as group:
+                self._group = group
+                group.create_task(self.stream.run(), name="stream")
+                group.create_task(self.watch.run(), name="pods")
+        finally:
+            # The group has cancelled every probe; let the watch threads go too.
+            self._group = None
+            self._probing.clear()
+            self.watch.stop()
+
+    # -- what the watch tells -------------------------------------------------------------
+
+    def _seen(self, target: PodTarget) -> None:
+        current = self._probing.get(target.key)
+        if current is not None and current.target == target:
+            return  # labels or status changed, not what the probe needs
+        if current is not None:
+            self._stop(target.key)
+        if not target.probeable:
+            if current is not None:
+                log.info("pod %s: no longer probed (%s)", target, _why_not(target))
+            else:
+                log.debug("pod %s: not probed yet (%s)", target, _why_not(target))
+            return
+        self._start(target)
+
+    def _gone(self, target: PodTarget) -> None:
+        if target.key in self._probing:
+            self._stop(target.key)
+            log.info("pod %s: gone from node %s, no longer probed", target, self.node_name)
+
+    def _start(self, target: PodTarget) -> None:
+        assert self._group is not None, "pods are seen only while the agent runs"
+        probe = PodProbe(
+            target.url,
+            self.prober,
+            interval=self.settings.interval,
+            confirm_delay=self.settings.confirm_delay,
+            on_result=functools.partial(self.outbox.put, target.key, target.ref),
+            rng=self.rng,
+            name=f"pod {target} ({target.url})",
+        )
+        task = self._group.create_task(probe.run(), name=f"probe {target}")
+        self._probing[target.key] = _Probing(target, probe, task)
+        log.info("pod %s: probing %s", target, target.url)
+
+    def _stop(self, key: PodKey) -> None:
+        probing = self._probing.pop(key)
+        probing.task.cancel()
+        self.outbox.discard(key)
+
+
+def _why_not(target: PodTarget) -> str:
+    return "finished" if target.finished else "no pod IP yet"

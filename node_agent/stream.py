@@ -1,0 +1,209 @@
+"""The Report stream to the aggregator, the same in both modes.
+
+Probe loops put their results in an :class:`Outbox`; :class:`ReportStream` says hello, then
+sends a batch at once whenever a pod's state changed (only the pods that changed) and, at the
+heartbeat interval the aggregator asked for, a batch with every pod. A new stream starts with
+every pod's latest result. It reconnects forever, with capped exponential backoff and jitter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Hashable
+
+import grpc
+
+from node_agent.settings import Settings
+from servehealth.v1 import servehealth_pb2 as pb
+from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
+from servehealth_common.backoff import Backoff, jittered
+from servehealth_common.probe import ProbeResult
+
+log = logging.getLogger(__name__)
+
+CHANNEL_OPTIONS = (
+    # Notice a dead aggregator (or a dead network path) within ~15 s even when idle.
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+    # Our own backoff decides when to reconnect.
+    ("grpc.enable_retries", 0),
+)
+
+#: A heartbeat interval the aggregator asks for is never taken below this (no busy loop).
+MIN_HEARTBEAT_INTERVAL = 0.05
+#: Reports per message at most: 100 reports with 256-byte reasons stay far below the
+#: aggregator's default --max-message-bytes (64 KiB), however many pods a node has.
+MAX_BATCH_REPORTS = 100
+
+
+class StreamEnded(Exception):
+    """The aggregator closed the stream without an error."""
+
+
+class Outbox:
+    """The latest result of every pod the agent speaks for, and which of them changed since
+    they were last sent. :attr:`changed` is set when one did.
+
+    ``pod`` is the PodRef a report names (None: the sidecar's own pod, left unset).
+    """
+
+    def __init__(self) -> None:
+        self.changed = asyncio.Event()
+        self._latest: dict[Hashable, tuple[pb.PodRef | None, ProbeResult]] = {}
+        self._dirty: dict[Hashable, None] = {}  # an ordered set
+
+    def put(self, key: Hashable, pod: pb.PodRef | None, result: ProbeResult, changed: bool) -> None:
+        """A fresh result; ``changed`` (or a pod new here) sends it at once."""
+        new = key not in self._latest
+        self._latest[key] = (pod, result)
+        if changed or new:
+            self._dirty[key] = None
+            self.changed.set()
+
+    def discard(self, key: Hashable) -> None:
+        """Stop reporting ``key`` (the pod is gone, or no longer probed)."""
+        self._latest.pop(key, None)
+        self._dirty.pop(key, None)
+
+    def resend_all(self) -> None:
+        """Every pod counts as changed (a new stream tells the aggregator everything at once)."""
+        self._dirty = dict.fromkeys(self._latest)
+        if self._dirty:
+            self.changed.set()
+
+    def take(self, everything: bool) -> list[tuple[pb.PodRef | None, ProbeResult]]:
+        """What to send now: every pod (a heartbeat) or those changed since the last take."""
+        keys = list(self._latest) if everything else list(self._dirty)
+        self._dirty.clear()
+        return [self._latest[key] for key in keys]
+
+    def __len__(self) -> int:
+        return len(self._latest)
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._latest
+
+
+class ReportStream:
+    """One agent's Report stream: ``hello`` first, then what ``outbox`` holds, forever."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        hello: pb.Hello,
+        outbox: Outbox,
+        *,
+        who: str,
+        rng: random.Random,
+    ) -> None:
+        self.settings = settings
+        self.outbox = outbox
+        self.connected = asyncio.Event()
+        #: The probe interval until the aggregator asks for something else.
+        self.heartbeat_interval = settings.interval
+        self._hello = pb.AgentMessage(hello=hello)
+        self._who = who
+        self._rng = rng
+        self._sequence = 0
+        self._backoff = Backoff(base=0.2, cap=settings.reconnect_max, rng=rng)
+
+    async def run(self) -> None:
+        """Stream, and reconnect whenever the stream ends; never returns."""
+        while True:
+            try:
+                await self._stream_once()
+            except grpc.aio.AioRpcError as error:
+                log.warning(
+                    "stream to %s ended: %s: %s",
+                    self.settings.aggregator,
+                    error.code().name,
+                    error.details(),
+                )
+            except (TimeoutError, OSError, StreamEnded) as error:
+                detail = str(error) or type(error).__name__
+                log.warning("stream to %s ended: %s", self.settings.aggregator, detail)
+            except Exception:  # never let one stream's surprise end the agent
+                log.exception("stream to %s failed", self.settings.aggregator)
+            self.connected.clear()
+            delay = self._backoff.next()
+            log.info("reconnecting in %.2fs", delay)
+            await asyncio.sleep(delay)
+
+    def _batch(self, items: list[tuple[pb.PodRef | None, ProbeResult]]) -> pb.AgentMessage:
+        reports = []
+        for pod, result in items:
+            self._sequence += 1
+            report = pb.PodReport(
+                pod=pod,
+                state=int(result.state),
+                reason=result.reason,
+                http_status=result.http_status,
+                sequence=self._sequence,
+            )
+            report.probe_latency.FromNanoseconds(round(result.latency * 1e9))
+            reports.append(report)
+        return pb.AgentMessage(reports=pb.ReportBatch(reports=reports))
+
+    async def _stream_once(self) -> None:
+        settings = self.settings
+        async with grpc.aio.insecure_channel(
+            settings.aggregator, options=CHANNEL_OPTIONS
+        ) as channel:
+            async with asyncio.timeout(settings.connect_timeout):
+                await channel.channel_ready()
+                call = pb_grpc.ReportServiceStub(channel).Report()
+                await call.write(self._hello)
+                first = await call.read()
+            try:
+                self._apply(first)
+                self._backoff.reset()
+                self.connected.set()
+                log.info("connected to aggregator %s as %s", settings.aggregator, self._who)
+                async with asyncio.TaskGroup() as group:
+                    group.create_task(self._read_forever(call))
+                    group.create_task(self._write_forever(call))
+            except* (StreamEnded, grpc.aio.AioRpcError, TimeoutError, OSError) as group_error:
+                raise group_error.exceptions[0] from None
+            finally:
+                call.cancel()
+
+    def _apply(self, message: pb.AggregatorMessage | object) -> None:
+        if message is grpc.aio.EOF:
+            raise StreamEnded("aggregator closed the stream")
+        assert isinstance(message, pb.AggregatorMessage)
+        if message.WhichOneof("kind") == "settings":
+            interval = message.settings.heartbeat_interval.ToNanoseconds() / 1e9
+            interval = max(interval, MIN_HEARTBEAT_INTERVAL) if interval > 0 else 0
+            if interval and interval != self.heartbeat_interval:
+                log.info("aggregator asks for a heartbeat every %.3gs", interval)
+                self.heartbeat_interval = interval
+
+    async def _read_forever(self, call: grpc.aio.StreamStreamCall) -> None:
+        while True:
+            self._apply(await call.read())
+
+    async def _write_forever(self, call: grpc.aio.StreamStreamCall) -> None:
+        loop = asyncio.get_running_loop()
+        outbox = self.outbox
+        # A fresh stream starts with every latest result so the aggregator knows at once.
+        outbox.resend_all()
+        # The heartbeat keeps its own deadline: changes of one pod never delay the others'.
+        heartbeat_at = loop.time() + jittered(self.heartbeat_interval, self._rng)
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout_at(heartbeat_at):
+                    await outbox.changed.wait()
+            outbox.changed.clear()
+            heartbeat = loop.time() >= heartbeat_at
+            if heartbeat:
+                heartbeat_at = loop.time() + jittered(self.heartbeat_interval, self._rng)
+            items = outbox.take(everything=heartbeat)
+            for start in range(0, len(items), MAX_BATCH_REPORTS):
+                batch = self._batch(items[start : start + MAX_BATCH_REPORTS])
+                async with asyncio.timeout(self.settings.connect_timeout):
+                    await call.write(batch)

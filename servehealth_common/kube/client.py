@@ -1,0 +1,183 @@
+"""A thin async adapter over the official (synchronous) ``kubernetes`` client: the reads.
+
+Every call runs in a bounded thread pool, never on the event loop, carries a deadline, asks
+for raw JSON (no model deserialisation on the hot path) and raises only
+:mod:`servehealth_common.kube.errors`. :class:`KubeClient` lists and watches pods, which is all
+the DaemonSet agent may do; the aggregator's ``KubeApi`` adds its writes on top.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import logging
+import os
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.watch.watch import iter_resp_lines
+
+from servehealth_common.kube.errors import APIError, APIRetryableError, wrap
+
+log = logging.getLogger(__name__)
+
+IN_CLUSTER_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
+IN_CLUSTER = "in-cluster"
+
+
+class NoKubeConfig(Exception):
+    """Neither a kubeconfig nor an in-cluster ServiceAccount was found (or it did not load)."""
+
+
+def in_cluster() -> bool:
+    return bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and IN_CLUSTER_TOKEN.is_file()
+
+
+def find_config(kubeconfig: str, *, search: bool = True) -> str | None:
+    """Which configuration to use: a path, ``"in-cluster"``, or None.
+
+    ``kubeconfig`` wins; otherwise, with ``search``, ``$KUBECONFIG`` and ``~/.kube/config``;
+    then the in-cluster ServiceAccount.
+    """
+    if kubeconfig:
+        return kubeconfig
+    if search:
+        env = os.environ.get("KUBECONFIG", "")
+        for path in filter(None, env.split(os.pathsep)):
+            if Path(path).expanduser().is_file():
+                return path
+        default = Path("~/.kube/config").expanduser()
+        if default.is_file():
+            return str(default)
+    return IN_CLUSTER if in_cluster() else None
+
+
+def load_configuration(kubeconfig: str, *, search: bool = True) -> client.Configuration:
+    """The client configuration :func:`find_config` points at; NoKubeConfig if there is none
+    or it does not load."""
+    where = find_config(kubeconfig, search=search)
+    if where is None:
+        hint = "pass --kubeconfig, set KUBECONFIG, or" if search else "pass --kubeconfig, or"
+        raise NoKubeConfig(
+            f"no Kubernetes configuration: {hint} run in a pod with a ServiceAccount"
+        )
+    configuration = client.Configuration()
+    try:
+        if where == IN_CLUSTER:
+            config.load_incluster_config(client_configuration=configuration)
+        else:
+            config.load_kube_config(config_file=where, client_configuration=configuration)
+    except (config.ConfigException, OSError, ValueError) as error:
+        raise NoKubeConfig(f"cannot load the Kubernetes configuration {where}: {error}") from None
+    return configuration
+
+
+class KubeClient:
+    """Async reads of pods; ``concurrency`` threads at most, each call ``timeout``.
+
+    Watches do not take a pool thread: :meth:`watch_pods` is a blocking generator for a thread
+    of the caller's own (see :class:`servehealth_common.kube.watch.PodWatch`).
+    """
+
+    def __init__(
+        self,
+        configuration: client.Configuration,
+        *,
+        timeout: float,
+        concurrency: int,
+        user_agent: str = "ray-serve-health",
+    ) -> None:
+        # One connection per request thread, plus the long-lived watches.
+        configuration.connection_pool_maxsize = concurrency + 8
+        self._client = client.ApiClient(configuration)
+        self._client.user_agent = user_agent
+        self.core = client.CoreV1Api(self._client)
+        self.timeout = timeout
+        self._executor = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="kube-api")
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        self._client.close()
+
+    # -- plumbing -----------------------------------------------------------------------
+
+    def _raw(self, what: str, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        try:
+            response = method(
+                *args, _preload_content=False, _request_timeout=self.timeout, **kwargs
+            )
+            data = response.data
+        except Exception as error:
+            raise wrap(error, what) from error
+        try:
+            return json.loads(data) if data else {}
+        except ValueError as error:  # a proxy's error page, a truncated answer
+            raise APIRetryableError(f"{what}: answer is not JSON: {data[:80]!r}") from error
+
+    async def _call(self, what: str, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        call = functools.partial(self._raw, what, method, *args, **kwargs)
+        return await loop.run_in_executor(self._executor, call)
+
+    # -- pods ---------------------------------------------------------------------------
+
+    async def list_pods(
+        self, namespace: str | None, label_selector: str, field_selector: str | None = None
+    ) -> tuple[list[dict[str, Any]], str]:
+        """All matching pods and the list's resourceVersion (to watch from)."""
+        kwargs: dict[str, Any] = {"label_selector": label_selector}
+        if field_selector:
+            kwargs["field_selector"] = field_selector
+        if namespace:
+            body = await self._call(
+                f"list pods in {namespace}", self.core.list_namespaced_pod, namespace, **kwargs
+            )
+        else:
+            body = await self._call("list pods", self.core.list_pod_for_all_namespaces, **kwargs)
+        return body.get("items") or [], str(body.get("metadata", {}).get("resourceVersion", ""))
+
+    def watch_pods(
+        self,
+        namespace: str | None,
+        label_selector: str,
+        resource_version: str,
+        timeout_seconds: int,
+        field_selector: str | None = None,
+    ) -> Iterator[dict[str, Any]]:
+        """Watch events (blocking generator; run it in a thread of its own).
+
+        The server ends the watch after ``timeout_seconds``; the client gives up on a silent
+        connection 10 s later.
+        """
+        what = f"watch pods{' in ' + namespace if namespace else ''}"
+        kwargs: dict[str, Any] = {
+            "label_selector": label_selector,
+            "watch": True,
+            "allow_watch_bookmarks": True,
+            "resource_version": resource_version,
+            "timeout_seconds": timeout_seconds,
+            "_preload_content": False,
+            "_request_timeout": (self.timeout, timeout_seconds + 10),
+        }
+        if field_selector:
+            kwargs["field_selector"] = field_selector
+        try:
+            if namespace:
+                response = self.core.list_namespaced_pod(namespace, **kwargs)
+            else:
+                response = self.core.list_pod_for_all_namespaces(**kwargs)
+            try:
+                for line in iter_resp_lines(response):
+                    if line and not line.isspace():
+                        yield json.loads(line)
+            finally:
+                response.close()
+                response.release_conn()
+        except APIError:
+            raise
+        except Exception as error:
+            raise wrap(error, what) from error

@@ -1,0 +1,198 @@
+"""List and watch pods; tell the owner what appears, changes and vanishes.
+
+One list, then a watch from the list's resourceVersion, per namespace (or one for all). A watch
+that ends (server timeout, dropped connection) resumes from the last resourceVersion seen; a
+410 Gone (history compacted) re-lists and reconciles: pods missing from the new list are
+deleted. The official client is synchronous, so each watch runs in a daemon thread of its own
+and hands events to the event loop.
+
+Used by the aggregator (every Ray pod, to track and label) and by the DaemonSet agent (the Ray
+pods of its node, ``spec.nodeName`` field selector, to probe).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections.abc import AsyncIterator, Callable, Hashable
+from typing import Any, Generic, Protocol, TypeVar
+
+from servehealth_common.backoff import Backoff
+from servehealth_common.kube.client import KubeClient
+from servehealth_common.kube.errors import APIError, APIGoneError, wrap
+
+log = logging.getLogger(__name__)
+
+_END = object()
+
+
+class Keyed(Protocol):
+    @property
+    def key(self) -> Hashable: ...
+
+
+P = TypeVar("P", bound=Keyed)
+
+
+class PodWatch(Generic[P]):
+    """Pods parsed by ``parse`` go to ``upsert`` (new or changed) and ``delete`` (gone, with
+    the last version seen). ``on_restart(reason)`` counts watch restarts: ``ended``, ``gone``
+    (410, re-listed) or ``error``."""
+
+    def __init__(
+        self,
+        client: KubeClient,
+        *,
+        namespaces: tuple[str, ...],
+        label_selector: str,
+        parse: Callable[[dict[str, Any]], P],
+        upsert: Callable[[P], None],
+        delete: Callable[[P], None],
+        field_selector: str | None = None,
+        on_restart: Callable[[str], None] = lambda reason: None,
+        watch_timeout: int = 300,
+    ) -> None:
+        self._client = client
+        self._scopes: tuple[str | None, ...] = namespaces or (None,)
+        self._selector = label_selector
+        self._field_selector = field_selector
+        self._parse = parse
+        self._upsert = upsert
+        self._delete = delete
+        self._on_restart = on_restart
+        self._watch_timeout = watch_timeout
+        self._known: dict[str | None, dict[Hashable, P]] = {scope: {} for scope in self._scopes}
+        self._versions: dict[str | None, str] = {}
+        self._stopping = threading.Event()
+
+    async def run(self) -> None:
+        """:meth:`list_all`, then :meth:`watch_forever`."""
+        await self.list_all()
+        await self.watch_forever()
+
+    async def list_all(self) -> None:
+        """The initial list of every scope, retried until it succeeds."""
+        for scope in self._scopes:
+            backoff = Backoff(base=0.5, cap=10)
+            while True:
+                try:
+                    await self._relist(scope)
+                    break
+                except APIError as error:
+                    delay = backoff.next()
+                    log.error("initial pod list failed: %s (retrying in %.1fs)", error, delay)
+                    await asyncio.sleep(delay)
+
+    async def watch_forever(self) -> None:
+        async with asyncio.TaskGroup() as group:
+            for scope in self._scopes:
+                group.create_task(self._watch_scope(scope), name=f"watch-{scope or 'all'}")
+
+    def stop(self) -> None:
+        """Let the watch threads end at their next event."""
+        self._stopping.set()
+
+    def _describe(self, scope: str | None) -> str:
+        where = f"namespace {scope}" if scope else "all namespaces"
+        fields = f", fields {self._field_selector!r}" if self._field_selector else ""
+        return f"{where}, selector {self._selector!r}{fields}"
+
+    async def _relist(self, scope: str | None) -> None:
+        items, version = await self._client.list_pods(scope, self._selector, self._field_selector)
+        seen: dict[Hashable, P] = {}
+        for item in items:
+            pod = self._parse(item)
+            seen[pod.key] = pod
+            self._upsert(pod)
+        for key, pod in self._known[scope].items():
+            if key not in seen:
+                self._delete(pod)
+        self._known[scope] = seen
+        self._versions[scope] = version
+        log.info(
+            "listed %d pods (%s) at resourceVersion %s", len(items), self._describe(scope), version
+        )
+
+    async def _watch_scope(self, scope: str | None) -> None:
+        backoff = Backoff(base=0.5, cap=10)
+        while not self._stopping.is_set():
+            try:
+                async for event in self._events(scope):
+                    self._handle(scope, event)
+                    backoff.reset()
+                self._on_restart("ended")
+            except APIGoneError:
+                self._on_restart("gone")
+                log.info("watch history expired (410 Gone); re-listing")
+                try:
+                    await self._relist(scope)
+                except APIError as error:
+                    log.warning("re-list failed: %s", error)
+                    await asyncio.sleep(backoff.next())
+            except APIError as error:
+                self._on_restart("error")
+                delay = backoff.next()
+                log.warning("pod watch failed: %s (resuming in %.1fs)", error, delay)
+                await asyncio.sleep(delay)
+
+    def _handle(self, scope: str | None, event: dict[str, Any]) -> None:
+        kind = event.get("type")
+        obj = event.get("object") or {}
+        if kind == "ERROR":
+            code = int(obj.get("code") or 0)
+            message = f"watch error {code}: {obj.get('reason')}: {obj.get('message')}"
+            raise APIGoneError(message, code) if code == 410 else APIError(message, code)
+        version = (obj.get("metadata") or {}).get("resourceVersion")
+        if version:
+            self._versions[scope] = str(version)
+        if kind == "BOOKMARK":
+            return
+        pod = self._parse(obj)
+        known = self._known[scope]
+        if kind == "DELETED":
+            known.pop(pod.key, None)
+            self._delete(pod)
+        elif kind in ("ADDED", "MODIFIED"):
+            known[pod.key] = pod
+            self._upsert(pod)
+
+    async def _events(self, scope: str | None) -> AsyncIterator[dict[str, Any]]:
+        """Events of one watch request, read by a daemon thread and handed to this loop."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        version = self._versions.get(scope, "")
+
+        def post(item: Any) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody listens
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+
+        def pump() -> None:
+            try:
+                for event in self._client.watch_pods(
+                    scope, self._selector, version, self._watch_timeout, self._field_selector
+                ):
+                    if self._stopping.is_set():
+                        break
+                    post(event)
+            except BaseException as error:
+                post(_wrap_for_loop(error))
+            finally:
+                post(_END)
+
+        threading.Thread(target=pump, name=f"watch-{scope or 'all'}", daemon=True).start()
+        while True:
+            item = await queue.get()
+            if item is _END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+
+def _wrap_for_loop(error: BaseException) -> BaseException:
+    try:
+        return wrap(error, "watch pods")
+    except BaseException as unexpected:
+        return unexpected
