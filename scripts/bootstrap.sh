@@ -24,4 +24,17 @@ if [ ! -f "$stamp" ]; then
   rm -f "$VENV"/.installed-*
   touch "$stamp"
 fi
+# tests/deploy renders the kustomize manifests in deploy/ with `kubectl kustomize`. Without a
+# kubectl, install Debian's (package kubernetes-client) when we may: as root, with apt-get.
+# Failing that, only tests/deploy fails, and says how to install one. (The manifests need
+# kubectl >= 1.21; Debian 12's package is 1.20, and tests/deploy says so if that is what it finds.)
+if ! command -v kubectl >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "installing kubectl (Debian package kubernetes-client) for tests/deploy" >&2
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kubernetes-client >/dev/null; } \
+      || echo "warning: could not install kubernetes-client; tests/deploy will fail without kubectl" >&2
+  else
+    echo "warning: kubectl not found (and not root with apt-get to install it); tests/deploy will fail" >&2
+  fi
+fi
 export PATH="$VENV/bin:$PATH"

@@ -1,0 +1,118 @@
+"""Rendering the kustomize directories under deploy/ with ``kubectl kustomize``, for the tests
+in this package: which directories there are, their rendered objects, and lookups in them."""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+
+INSTALL_KUBECTL = (
+    "install kubectl 1.21 or newer (its built-in kustomize renders deploy/), e.g. from the "
+    "Kubernetes project's packages (pkgs.k8s.io). Where kubectl is missing, "
+    "scripts/bootstrap.sh (as root) installs Debian's package kubernetes-client "
+    "(apt-get install -y kubernetes-client), which is new enough only where Debian ships "
+    "1.21 or newer: Debian 12's is kubectl 1.20"
+)
+# `components` and directories in `resources` need kustomize v3.7 or newer: kubectl 1.21 ships
+# v4.0.5, kubectl 1.20 and older (Debian 12's kubernetes-client among them) v2.0.3.
+MIN_KUSTOMIZE = (4, 0)
+
+
+def kustomizations() -> list[Path]:
+    """Every directory under deploy/ with a kustomization.yaml, relative to the repository."""
+    return sorted(path.parent.relative_to(ROOT) for path in DEPLOY.rglob("kustomization.yaml"))
+
+
+def is_component(directory: Path) -> bool:
+    document = yaml.safe_load((ROOT / directory / "kustomization.yaml").read_text())
+    return document.get("kind") == "Component"
+
+
+def renderable() -> list[Path]:
+    """The kustomizations ``kubectl kustomize`` renders on their own (components do not)."""
+    return [directory for directory in kustomizations() if not is_component(directory)]
+
+
+@functools.cache
+def kubectl() -> str:
+    """The kubectl binary; fails the test (not skips) without a recent enough one."""
+    found = shutil.which("kubectl")
+    if found is None:
+        pytest.fail(f"kubectl not found on PATH: {INSTALL_KUBECTL}", pytrace=False)
+    result = subprocess.run(
+        [found, "version", "--client", "-o", "json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    try:
+        version = json.loads(result.stdout).get("kustomizeVersion", "")
+    except json.JSONDecodeError:
+        version = ""
+    match = re.match(r"v?(\d+)\.(\d+)", version)
+    if not match or (int(match[1]), int(match[2])) < MIN_KUSTOMIZE:
+        pytest.fail(
+            f"{found} has kustomize {version or '(unknown: kubectl too old)'}, too old for "
+            f"deploy/: {INSTALL_KUBECTL}",
+            pytrace=False,
+        )
+    return found
+
+
+@functools.cache
+def render_text(directory: Path) -> str:
+    result = subprocess.run(
+        [kubectl(), "kustomize", str(ROOT / directory)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if result.returncode != 0:
+        pytest.fail(f"kubectl kustomize {directory} failed:\n{result.stderr}", pytrace=False)
+    return result.stdout
+
+
+def render(directory: Path | str) -> list[dict[str, Any]]:
+    """The objects ``kubectl kustomize deploy/...`` renders (a fresh copy each call)."""
+    return [doc for doc in yaml.safe_load_all(render_text(Path(directory))) if doc]
+
+
+def find(objects: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    matches = [
+        obj
+        for obj in objects
+        if obj["kind"] == kind and (name is None or obj["metadata"]["name"] == name)
+    ]
+    assert len(matches) == 1, f"expected one {kind} {name or ''}, found {len(matches)}"
+    return matches[0]
+
+
+def pod_specs(obj: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(where, pod spec) of every pod template in a workload or a RayService."""
+    kind = obj["kind"]
+    if kind in {"Deployment", "DaemonSet", "StatefulSet", "ReplicaSet", "Job"}:
+        yield kind, obj["spec"]["template"]["spec"]
+    elif kind == "RayService":
+        cluster = obj["spec"]["rayClusterConfig"]
+        yield "head", cluster["headGroupSpec"]["template"]["spec"]
+        for group in cluster.get("workerGroupSpecs", []):
+            yield f"worker group {group['groupName']}", group["template"]["spec"]
+
+
+def env_of(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """A container's env entries by name."""
+    return {entry["name"]: entry for entry in container.get("env", [])}

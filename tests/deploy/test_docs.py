@@ -1,0 +1,174 @@
+"""The operator docs in docs/ tell the truth: the configuration reference is generated from the
+settings dataclasses and lists every flag of both commands, every grpcurl command in them runs
+against a live aggregator, the metrics list is the metrics the aggregator has, and every path
+and link they give exists."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import grpc
+import pytest
+
+from aggregator.server import Aggregator
+from aggregator.settings import Settings as AggregatorSettings
+from node_agent.settings import Settings as AgentSettings
+from servehealth_common.config import ENV_PREFIX, describe
+from tests.deploy.manifests import ROOT
+from tests.messages import open_stream, report
+
+DOCS = ROOT / "docs"
+CONFIGURATION = DOCS / "configuration.md"
+# The operator's docs (issue 6); other pages in docs/ have tests of their own.
+OPERATOR_DOCS = [DOCS / "install.md", CONFIGURATION, DOCS / "operations.md"]
+GRPCURL = Path(sys.executable).parent / "grpcurl"
+DOCUMENTED_ADDRESS = "localhost:50051"  # where `kubectl port-forward` puts the aggregator
+
+
+def bash_lines(path: Path) -> list[str]:
+    blocks = re.findall(r"```bash\n(.*?)```", path.read_text(), flags=re.DOTALL)
+    return [line.strip() for block in blocks for line in block.splitlines() if line.strip()]
+
+
+def grpcurl_commands() -> list[str]:
+    return [
+        line for path in OPERATOR_DOCS for line in bash_lines(path) if line.startswith("grpcurl ")
+    ]
+
+
+def test_generated_docs_are_up_to_date() -> None:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gen_docs.py"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_configuration_reference_is_generated_from_the_settings() -> None:
+    """The part of the check above that is docs/configuration.md, on its own."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import gen_docs
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    assert CONFIGURATION.read_text() == gen_docs.configuration(), (
+        "docs/configuration.md is out of date: run python scripts/gen_docs.py"
+    )
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        *[pytest.param(row, id=f"aggregator{row['flag']}") for row in describe(AggregatorSettings)],
+        *[pytest.param(row, id=f"agent{row['flag']}") for row in describe(AgentSettings)],
+    ],
+)
+def test_every_flag_is_in_the_configuration_reference(row: dict[str, str]) -> None:
+    expected = f"| `{row['flag']}` | `{row['env']}` | `{row['default']}` |"
+    lines = CONFIGURATION.read_text().splitlines()
+    assert any(line.startswith(expected) for line in lines), f"no row starting {expected!r}"
+
+
+def test_configuration_reference_states_the_environment_rule() -> None:
+    text = CONFIGURATION.read_text()
+    assert f"`{ENV_PREFIX}SOME_NAME`" in text
+    assert "`--some-name`" in text
+    for command in ("serve-health-aggregator", "serve-health-agent"):
+        assert f"## `{command}`" in text
+
+
+def test_docs_have_grpcurl_recipes_through_port_forward() -> None:
+    commands = grpcurl_commands()
+    assert len(commands) >= 5
+    assert all(DOCUMENTED_ADDRESS in command for command in commands), commands
+    operations = (DOCS / "operations.md").read_text()
+    assert "port-forward svc/ray-serve-health-aggregator 50051:50051" in operations
+
+
+async def test_every_grpcurl_command_in_the_docs_runs(aggregator: Aggregator) -> None:
+    address = f"127.0.0.1:{aggregator.port}"
+    commands = grpcurl_commands()
+    # The pods the recipes ask about, each with an agent that reported it SERVING.
+    pods = set()
+    for command in commands:
+        argv = shlex.split(command)
+        if "-d" in argv:
+            body = json.loads(argv[argv.index("-d") + 1])
+            if "name" in body:
+                pods.add((body["namespace"], body["name"]))
+    async with grpc.aio.insecure_channel(address) as channel:
+        calls = []
+        for namespace, name in sorted(pods):
+            call = await open_stream(channel, name=name, namespace=namespace)
+            await call.write(report(1, 1, "success"))
+            await call.read()
+            calls.append(call)
+        try:
+            for command in commands:
+                argv = shlex.split(command.replace(DOCUMENTED_ADDRESS, address))
+                process = await asyncio.create_subprocess_exec(
+                    str(GRPCURL),
+                    *argv[1:],
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.PIPE,
+                )
+                stdout, stderr = await asyncio.wait_for(process.communicate(), 30)
+                assert process.returncode == 0, f"{command}\n{stderr.decode()}"
+                assert stdout.strip(), f"{command} printed nothing"
+        finally:
+            for call in calls:
+                call.cancel()
+
+
+def defined_metrics() -> set[str]:
+    """The exposition names of the metrics aggregator/metrics.py defines."""
+    source = (ROOT / "aggregator" / "metrics.py").read_text()
+    prefix = re.search(r'^PREFIX = "(\w+)"', source, flags=re.MULTILINE)[1]  # type: ignore[index]
+    suffix = {"Counter": "_total", "Info": "_info"}
+    return {
+        f"{prefix}_{name}{suffix.get(kind, '')}"
+        for kind, name in re.findall(
+            r'\b(Counter|Gauge|Histogram|Info|GaugeMetricFamily)\(\s*f"\{PREFIX\}_(\w+)"', source
+        )
+    }
+
+
+def test_operations_lists_every_metric_and_no_other() -> None:
+    defined = defined_metrics()
+    assert len(defined) >= 15, defined
+    text = (DOCS / "operations.md").read_text()
+    rows = set(re.findall(r"^\| `(serve_health_\w+)(?:\{[^}]*\})?` \|", text, flags=re.MULTILINE))
+    assert rows == defined, f"missing: {defined - rows}, not defined: {rows - defined}"
+
+
+def test_paths_and_links_in_the_docs_exist() -> None:
+    missing = []
+    for path in OPERATOR_DOCS:
+        text = path.read_text()
+        for mentioned in re.findall(r"`((?:deploy|scripts|docs|tests)/[\w./-]*)`", text):
+            if not (ROOT / mentioned).exists():
+                missing.append(f"{path.name}: {mentioned}")
+        for link in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
+            if not link.startswith(("http://", "https://")) and not (path.parent / link).exists():
+                missing.append(f"{path.name}: link {link}")
+    assert not missing, missing
+
+
+def test_paths_in_manifest_comments_exist() -> None:
+    missing = []
+    for path in sorted((ROOT / "deploy").rglob("*.yaml")):
+        for mentioned in re.findall(
+            r"(?<![\w/.-])((?:deploy|docs|tests|scripts)/[\w./-]*[\w/])", path.read_text()
+        ):
+            if not (ROOT / mentioned).exists():
+                missing.append(f"{path.relative_to(ROOT)}: {mentioned}")
+    assert not missing, missing
