@@ -114,8 +114,9 @@ class Core:
             log.info("pod %s is a new pod (uid %s); starting over", pod.key, pod.uid)
             self.tracker.register(pod.key, pod.uid, pod.node_name)
 
-    def report(self, stream: int, key: PodKey, observation: Observation) -> None:
-        """The hot path: one pod's report from the agent on ``stream``."""
+    def report(self, stream: int, key: PodKey, observation: Observation) -> bool:
+        """The hot path: one pod's report from the agent on ``stream``; True if it changed
+        the pod's state."""
         tracker = self.tracker
         record = tracker.get(key)
         if record is None:
@@ -126,8 +127,10 @@ class Core:
             record.agent = stream
         self._reports.inc()
         transition = tracker.observe(key, observation)
-        if transition is not None:
-            self._apply(transition)
+        if transition is None:
+            return False
+        self._apply(transition)
+        return True
 
     def goodbye(self, stream: int, keys: Iterable[PodKey]) -> None:
         """The stream ended (agent gone, network, shutdown); its pods keep their state until
@@ -177,6 +180,14 @@ class Core:
             source,
             new_label,
             transition.reason,
+            extra={
+                "pod": str(transition.key),
+                "old": transition.old.name,
+                "new": transition.new.name,
+                "source": source,
+                "reason": transition.reason,
+                "label": new_label,
+            },
         )
         self.metrics.transitions.labels(transition.old.name, transition.new.name, source).inc()
         if transition.label_changed:

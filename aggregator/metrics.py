@@ -48,6 +48,13 @@ class Metrics:
             ["value"],
             registry=r,
         )
+        self.reports_ignored = Counter(
+            f"{PREFIX}_reports_ignored",
+            "Reports skipped without ending their stream, by reason (unknown_pod: a DaemonSet "
+            "agent reported a pod the aggregator does not track).",
+            ["reason"],
+            registry=r,
+        )
         self.streams_rejected = Counter(
             f"{PREFIX}_streams_rejected",
             "Report streams ended by the aggregator because of bad input, by gRPC status.",

@@ -16,7 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from aggregator import __version__
 from aggregator.core import Core
-from aggregator.kube.api import KubeApi, find_config, load_configuration
+from aggregator.kube.api import KubeApi
 from aggregator.kube.registry import KubeRegistry, KubeSettings
 from aggregator.metrics import Metrics
 from aggregator.protection import Protection
@@ -27,6 +27,7 @@ from aggregator.settings import Settings, split_host_port
 from aggregator.tracker import Clock, Tracker, TrackerSettings
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
+from servehealth_common.kube.client import find_config, load_configuration
 from servehealth_common.probe import Prober, make_session
 
 log = logging.getLogger(__name__)
@@ -107,7 +108,7 @@ class Aggregator:
         self._pull_session: aiohttp.ClientSession | None = None
         self._pulling: asyncio.Task[None] | None = None
         self.health = health.aio.HealthServicer()
-        self._reports = ReportService(self.core, settings.heartbeat_interval)
+        self._reports = ReportService(self.core, settings.heartbeat_interval, settings.ack_every)
         self.port = 0
         self.metrics_port = 0
         self._server: grpc.aio.Server | None = None

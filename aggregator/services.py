@@ -21,8 +21,9 @@ log = logging.getLogger(__name__)
 
 
 class ReportService(pb_grpc.ReportServiceServicer):
-    def __init__(self, core: Core, heartbeat_interval: float) -> None:
+    def __init__(self, core: Core, heartbeat_interval: float, ack_every: int = 1) -> None:
         self._core = core
+        self._ack_every = ack_every
         self._draining: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._settings = pb.AggregatorMessage(
             settings=pb.AgentSettings(heartbeat_interval=wire.duration(heartbeat_interval))
@@ -87,6 +88,7 @@ class ReportService(pb_grpc.ReportServiceServicer):
             first.hello.agent_version or "?",
         )
         report = self._core.report
+        ack_every, unacked = self._ack_every, 0
         try:
             await context.write(self._settings)
             while True:
@@ -100,17 +102,31 @@ class ReportService(pb_grpc.ReportServiceServicer):
                         "expected reports: a hello may be sent only once per stream",
                     )
                 sequence = 0
+                changed = False
                 for pod_report in message.reports.reports:
                     try:
                         key, observation = wire.observation_from_report(pod_report, own_pod)
-                        report(stream, key, observation)
+                        changed |= report(stream, key, observation)
                     except wire.InvalidMessage as error:
                         await self._reject(context, grpc.StatusCode.INVALID_ARGUMENT, str(error))
                     except NotAdmitted as error:
-                        await self._reject(context, grpc.StatusCode.FAILED_PRECONDITION, str(error))
+                        if own_pod is not None:  # a sidecar for a pod we do not know: refuse
+                            await self._reject(
+                                context, grpc.StatusCode.FAILED_PRECONDITION, str(error)
+                            )
+                        # A DaemonSet agent may see a pod before we do, or one outside our
+                        # selector: skip that report, keep the stream for the node's others.
+                        self._core.metrics.reports_ignored.labels("unknown_pod").inc()
+                        log.debug("ignoring a report: %s", error)
+                        continue
                     keys.add(key)
                     sequence = max(sequence, pod_report.sequence)
-                await context.write(pb.AggregatorMessage(ack=pb.Ack(sequence=sequence)))
+                # Acks are cumulative: one for a report that changed something, otherwise one
+                # every ack_every messages (each write costs as much as a read).
+                unacked += 1
+                if changed or unacked >= ack_every:
+                    unacked = 0
+                    await context.write(pb.AggregatorMessage(ack=pb.Ack(sequence=sequence)))
         finally:
             self._core.goodbye(stream, keys)
             log.info("agent %s disconnected (%d pods)", stream, len(keys))

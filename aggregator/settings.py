@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from servehealth_common.config import setting
+from servehealth_common.logs import FORMATS
 
 
 def split_host_port(address: str) -> tuple[str, int]:
@@ -63,7 +64,11 @@ class Settings:
     events: bool = setting(
         True, "Record a Kubernetes Event on a pod whenever its serve label changes."
     )
-    kube_qps: float = setting(20.0, "Sustained Kubernetes API writes per second (client-side).")
+    kube_qps: float = setting(
+        20.0,
+        "Sustained label and condition writes per second (client-side token bucket; up to "
+        "--kube-concurrency more may be on their way; Events have their own 5/s).",
+    )
     kube_burst: int = setting(40, "Kubernetes API writes allowed in a burst above --kube-qps.")
     kube_timeout: float = setting(10.0, "Deadline of one Kubernetes API request.", duration=True)
     kube_concurrency: int = setting(
@@ -94,6 +99,11 @@ class Settings:
         2,
         "Consecutive SERVING observations before a pod that left service returns "
         "(hysteresis against flapping).",
+    )
+    ack_every: int = setting(
+        10,
+        "Acks are cumulative: one for every report that changes a pod's state, otherwise one "
+        "every this many messages of a stream.",
     )
     max_message_bytes: int = setting(
         64 * 1024, "Largest gRPC message accepted; larger ones end the stream (RESOURCE_EXHAUSTED)."
@@ -129,6 +139,13 @@ class Settings:
         3, "PANIC needs at least this many UNHEALTHY or SILENT pods (small fleets)."
     )
     log_level: str = setting("info", "Log level.", choices=("debug", "info", "warning", "error"))
+    log_format: str = setting(
+        "text",
+        "text: one line per record for people; json: one JSON object per line (time, level, "
+        "logger, message, and a transition's pod, old, new, source, reason, label) for log "
+        "pipelines.",
+        choices=FORMATS,
+    )
 
     def __post_init__(self) -> None:
         split_host_port(self.listen)
@@ -143,6 +160,8 @@ class Settings:
             )
         if self.failure_threshold < 1 or self.success_threshold < 1:
             raise ValueError("--failure-threshold and --success-threshold must be at least 1")
+        if self.ack_every < 1:
+            raise ValueError("--ack-every must be at least 1")
         if self.max_message_bytes < 1024:
             raise ValueError("--max-message-bytes must be at least 1024")
         if self.expiry_interval <= 0:

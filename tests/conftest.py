@@ -62,6 +62,7 @@ async def start_aggregator() -> AsyncIterator[StartAggregator]:
                 "listen": "127.0.0.1:0",
                 "metrics_listen": "127.0.0.1:0",
                 "kube_backend": "memory",  # whatever kubeconfig this machine has
+                "ack_every": 1,  # tests read an ack after each report to know it was handled
                 "shutdown_grace": 0.2,
                 **overrides,
             }

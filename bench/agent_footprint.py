@@ -1,0 +1,94 @@
+"""Agent footprint: one real agent process probing a real HTTP server at a 1 s interval,
+reporting to a real aggregator, for ``--duration`` seconds (default 600). Prints its CPU use
+(share of one core) and RSS, sampled every 10 s; writes bench/results/agent_footprint.json.
+
+Targets (issue 5): RSS <= 50 MiB, CPU <= 1 %.
+
+    python -m bench.agent_footprint [--duration 600]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import harness, procstat
+from tests.fakes import FakeServeProxy
+
+OUTPUT = harness.REPO_ROOT / "bench" / "results" / "agent_footprint.json"
+
+
+def serve_fake_proxy() -> int:
+    """A FakeServeProxy (real aiohttp HTTP server) in a thread of its own; returns its port."""
+    ready: list[int] = []
+    started = threading.Event()
+
+    def run() -> None:
+        async def main() -> None:
+            proxy = await FakeServeProxy().start()
+            ready.append(proxy.port)
+            started.set()
+            await asyncio.Event().wait()
+
+        asyncio.run(main())
+
+    threading.Thread(target=run, daemon=True, name="fake-proxy").start()
+    started.wait(10)
+    return ready[0]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--duration", type=float, default=600.0, help="seconds (default 600)")
+    args = parser.parse_args()
+    proxy_port = serve_fake_proxy()
+    log_dir = Path(tempfile.mkdtemp(prefix="serve-health-footprint-"))
+    aggregator = harness.start_aggregator(log_dir)
+    agent = None
+    try:
+        agent = harness.start_agent(log_dir, aggregator.address, proxy_port, harness.PodIdentity())
+        time.sleep(5)  # past start-up (imports, first connection)
+        window = procstat.CpuWindow(agent.pid)
+        window.start()
+        samples: list[tuple[float, int]] = []
+        started = time.monotonic()
+        while time.monotonic() - started < args.duration:
+            time.sleep(min(10.0, args.duration))
+            samples.append((time.monotonic() - started, procstat.rss_bytes(agent.pid)))
+            print(f"  t={samples[-1][0]:6.0f}s  rss={samples[-1][1] / 2**20:6.1f} MiB", flush=True)
+        cpu = window.stop()
+        rss = [rss for _, rss in samples]
+        result = {
+            "duration_s": args.duration,
+            "interval": harness.AGENT_INTERVAL,
+            "cpu_percent_of_one_core": round(cpu * 100, 3),
+            "rss_mib_max": round(max(rss) / 2**20, 1),
+            "rss_mib_median": round(statistics.median(rss) / 2**20, 1),
+            "rss_mib_last": round(rss[-1] / 2**20, 1),
+        }
+        print(json.dumps(result, indent=2))
+        print(
+            f"agent: CPU {result['cpu_percent_of_one_core']:.2f} % of one core (target <= 1 %), "
+            f"RSS max {result['rss_mib_max']} MiB (target <= 50 MiB)"
+        )
+        OUTPUT.parent.mkdir(parents=True, exist_ok=True)
+        OUTPUT.write_text(json.dumps(result, indent=2) + "\n")
+        return 0
+    finally:
+        if agent is not None:
+            agent.stop()
+        aggregator.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,308 @@
+"""Label writes through Kubernetes API trouble, against the emulator over real HTTP.
+
+Covers the writer's promises (README "On Kubernetes"): a 429 with ``Retry-After`` is retried no
+sooner than the server asked; a burst of 500s is retried with growing backoff and never dropped;
+a pod deleted while its write is slow, failing or answered 404 is dropped by the writer (no
+endless retries) and forgotten by the tracker once the watch says DELETED; with a slow API
+(2 s per request) pods that flip SERVING -> not serving -> SERVING while writes are in flight
+end with the labels the tracker wants (the last wanted value always lands). Each test also reads
+the write and retry counters from the aggregator's Prometheus registry.
+"""
+
+from __future__ import annotations
+
+import itertools
+import pathlib
+from collections.abc import AsyncIterator, Sequence
+
+import grpc
+import pytest
+
+from aggregator.server import Aggregator
+from aggregator.tracker import PodKey
+from servehealth_common.states import ServeState
+from tests.conftest import StartAggregator, eventually
+from tests.kube.emulator import KubeEmulator
+from tests.messages import batch, open_node_stream, open_stream, report
+
+SERVING = int(ServeState.SERVING)
+NOT_READY = int(ServeState.NOT_READY)
+DRAINING = int(ServeState.DRAINING)
+UNHEALTHY = int(ServeState.UNHEALTHY)
+LABEL = "ray.io/serve"
+NS = "default"
+#: Long enough that no pod goes SILENT while a test runs (tests report once, not at 1 Hz).
+TTL = 60.0
+
+
+def _sample(aggregator: Aggregator, name: str, **labels: str) -> float:
+    value = aggregator.metrics.registry.get_sample_value(name, labels)
+    return value or 0.0
+
+
+def writes(aggregator: Aggregator, result: str) -> float:
+    return _sample(aggregator, "serve_health_label_writes_total", kind="label", result=result)
+
+
+def retries(aggregator: Aggregator, status: str) -> float:
+    return _sample(aggregator, "serve_health_api_retries_total", status=status)
+
+
+def label(kube: KubeEmulator, name: str) -> str | None:
+    return kube.pod_labels(NS, name).get(LABEL)
+
+
+def add_pods(kube: KubeEmulator, names: Sequence[str], serve: str | None = None) -> None:
+    labels = {"ray.io/node-type": "worker", "ray.io/cluster": "raycluster"}
+    if serve is not None:
+        labels[LABEL] = serve
+    for name in names:
+        kube.add_pod(NS, name, labels=labels)
+
+
+async def send(call: grpc.aio.StreamStreamCall, reports: dict[str, int], sequence: int) -> None:
+    """One batch of reports on a DaemonSet stream; returns once the aggregator acked it."""
+    await call.write(batch([(NS, name, state) for name, state in reports.items()], sequence))
+    reply = await call.read()
+    assert reply.ack.sequence == sequence
+
+
+@pytest.fixture
+async def start(
+    kube_emulator: KubeEmulator, kubeconfig_path: pathlib.Path, start_aggregator: StartAggregator
+) -> StartAggregator:
+    async def started(**overrides: object) -> Aggregator:
+        aggregator = await start_aggregator(
+            kube_backend="kubernetes",
+            kubeconfig=str(kubeconfig_path),
+            heartbeat_ttl=TTL,
+            **overrides,
+        )
+        await kube_emulator.wait_for_watches(1)  # discovery listens: deletions will be seen
+        return aggregator
+
+    return started
+
+
+@pytest.fixture
+async def channel(start: StartAggregator) -> AsyncIterator[tuple[Aggregator, grpc.aio.Channel]]:
+    aggregator = await start()
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{aggregator.port}") as channel:
+        yield aggregator, channel
+
+
+async def test_429_with_retry_after_waits_then_succeeds(
+    kube_emulator: KubeEmulator, start: StartAggregator
+) -> None:
+    pod = kube_emulator.add_pod(NS, "pod-a")
+    aggregator = await start()
+    throttle = kube_emulator.throttle_patches(1, retry_after=1)
+    mark = kube_emulator.checkpoint()
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{aggregator.port}") as channel:
+        call = await open_stream(channel, "pod-a", NS, uid=pod["metadata"]["uid"])
+        await call.write(report(SERVING, 1, "success"))
+        await call.read()
+        await kube_emulator.wait_until(lambda: label(kube_emulator, "pod-a") == "true", within=5)
+        call.cancel()
+
+    patches = kube_emulator.requests("PATCH", resource="pods", subresource=None, since=mark)
+    assert len(throttle) == 1
+    assert [p.body["metadata"]["labels"][LABEL] for p in patches] == ["true", "true"]
+    # Retry-After: 1 is used as is (no jitter, no shorter backoff step); 50 ms of slack only for
+    # the clock reads on either side of asyncio's timer.
+    assert patches[1].at - patches[0].at >= 0.95
+    await eventually(lambda: aggregator.registry.writer.pending == 0)
+    assert writes(aggregator, "error") == 1
+    assert writes(aggregator, "success") == 1
+    assert retries(aggregator, "429") == 1
+
+
+async def test_burst_of_500s_is_retried_never_dropped(
+    kube_emulator: KubeEmulator, channel: tuple[Aggregator, grpc.aio.Channel]
+) -> None:
+    aggregator, grpc_channel = channel
+    names = [f"pod-{i}" for i in range(5)]
+    add_pods(kube_emulator, names, serve="true")  # seeded SERVING: no writes until they turn
+    await eventually(lambda: all(PodKey(NS, n) in aggregator.tracker for n in names))
+    call = await open_node_stream(grpc_channel, "node-x")
+    await send(call, dict.fromkeys(names, SERVING), 1)
+    burst = kube_emulator.fail_next(5, status=500, method="PATCH")
+    mark = kube_emulator.checkpoint()
+    await send(call, dict.fromkeys(names, NOT_READY), 2)
+
+    await kube_emulator.wait_until(
+        lambda: all(label(kube_emulator, n) == "false" for n in names), within=5
+    )
+    await eventually(lambda: aggregator.registry.writer.pending == 0)
+    call.cancel()
+    patches = kube_emulator.requests("PATCH", resource="pods", since=mark)
+    assert len(burst) == 5
+    assert len(patches) == 10  # each pod: one 500, one success
+    assert writes(aggregator, "error") == 5
+    assert writes(aggregator, "success") == 5
+    assert retries(aggregator, "500") == 5
+
+
+async def test_consecutive_500s_back_off_longer_each_time(
+    kube_emulator: KubeEmulator, channel: tuple[Aggregator, grpc.aio.Channel]
+) -> None:
+    aggregator, grpc_channel = channel
+    add_pods(kube_emulator, ["pod-a"], serve="true")
+    await eventually(lambda: PodKey(NS, "pod-a") in aggregator.tracker)
+    call = await open_node_stream(grpc_channel, "node-x")
+    await send(call, {"pod-a": SERVING}, 1)
+    kube_emulator.fail_next(3, status=500, method="PATCH")
+    mark = kube_emulator.checkpoint()
+    await send(call, {"pod-a": NOT_READY}, 2)
+
+    await kube_emulator.wait_until(lambda: label(kube_emulator, "pod-a") == "false", within=5)
+    call.cancel()
+    times = [p.at for p in kube_emulator.requests("PATCH", resource="pods", since=mark)]
+    assert len(times) == 4
+    gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
+    # RETRY_BACKOFF starts 0.2, 0.5, 1.0 s, each +/-20 % jitter: the ranges do not overlap.
+    for gap, base in zip(gaps, (0.2, 0.5, 1.0), strict=True):
+        assert base * 0.8 - 0.02 <= gap <= base * 1.2 + 0.3, gaps
+    await eventually(lambda: aggregator.registry.writer.pending == 0)
+    assert writes(aggregator, "error") == 3
+    assert writes(aggregator, "success") == 1
+    assert retries(aggregator, "500") == 3
+
+
+async def test_pod_deleted_while_its_write_is_slow_answers_404_and_is_dropped(
+    kube_emulator: KubeEmulator, channel: tuple[Aggregator, grpc.aio.Channel]
+) -> None:
+    aggregator, grpc_channel = channel
+    add_pods(kube_emulator, ["pod-a", "pod-b"], serve="true")
+    await eventually(lambda: len(aggregator.tracker) == 2)
+    call = await open_node_stream(grpc_channel, "node-x")
+    await send(call, {"pod-a": SERVING, "pod-b": SERVING}, 1)
+    kube_emulator.slow(1.0, where=kube_emulator.select(method="PATCH", name="pod-a"))
+    mark = kube_emulator.checkpoint()
+    await send(call, {"pod-a": NOT_READY, "pod-b": NOT_READY}, 2)
+
+    # The PATCH of pod-a has reached the server and waits there; delete the pod under it.
+    await kube_emulator.wait_until(
+        lambda: kube_emulator.requests("PATCH", name="pod-a", since=mark), within=5
+    )
+    kube_emulator.delete_pod(NS, "pod-a")
+    await eventually(lambda: PodKey(NS, "pod-a") not in aggregator.tracker)
+    # The delayed PATCH is then answered 404 (the store no longer has the pod): dropped.
+    await eventually(lambda: writes(aggregator, "not_found") == 1, timeout=5)
+    await eventually(lambda: aggregator.registry.writer.pending == 0)
+    assert label(kube_emulator, "pod-b") == "false"  # the other pod was not held up
+    call.cancel()
+    assert len(kube_emulator.requests("PATCH", name="pod-a", since=mark)) == 1
+    assert writes(aggregator, "error") == 0
+    assert retries(aggregator, "404") == 0
+
+
+async def test_404_drops_the_write_and_the_watch_then_forgets_the_pod(
+    kube_emulator: KubeEmulator, channel: tuple[Aggregator, grpc.aio.Channel]
+) -> None:
+    aggregator, grpc_channel = channel
+    key = PodKey(NS, "pod-a")
+    add_pods(kube_emulator, ["pod-a"], serve="true")
+    await eventually(lambda: key in aggregator.tracker)
+    call = await open_node_stream(grpc_channel, "node-x")
+    await send(call, {"pod-a": SERVING}, 1)
+    # Gone for the API server, but the watch has not said so yet.
+    kube_emulator.pod_not_found(NS, "pod-a")
+    mark = kube_emulator.checkpoint()
+    await send(call, {"pod-a": NOT_READY}, 2)
+
+    await eventually(lambda: writes(aggregator, "not_found") == 1)
+    await eventually(lambda: aggregator.registry.writer.pending == 0)  # nothing left to retry
+    assert len(kube_emulator.requests("PATCH", name="pod-a", since=mark)) == 1
+    assert key in aggregator.tracker  # only the watch removes pods
+
+    kube_emulator.delete_pod(NS, "pod-a")
+    await eventually(lambda: key not in aggregator.tracker)
+    call.cancel()
+    assert len(kube_emulator.requests("PATCH", name="pod-a", since=mark)) == 1
+    assert writes(aggregator, "error") == 0
+    assert writes(aggregator, "success") == 0
+
+
+async def test_pod_deleted_while_its_write_retries_stops_the_retries(
+    kube_emulator: KubeEmulator, channel: tuple[Aggregator, grpc.aio.Channel]
+) -> None:
+    aggregator, grpc_channel = channel
+    key = PodKey(NS, "pod-a")
+    add_pods(kube_emulator, ["pod-a"], serve="true")
+    await eventually(lambda: key in aggregator.tracker)
+    call = await open_node_stream(grpc_channel, "node-x")
+    await send(call, {"pod-a": SERVING}, 1)
+    kube_emulator.fail_next(100, status=503, method="PATCH", name="pod-a")
+    mark = kube_emulator.checkpoint()
+    await send(call, {"pod-a": NOT_READY}, 2)
+
+    await kube_emulator.wait_until(
+        lambda: len(kube_emulator.requests("PATCH", name="pod-a", since=mark)) >= 2, within=5
+    )
+    assert aggregator.registry.writer.pending == 1  # backing off, not given up
+    kube_emulator.delete_pod(NS, "pod-a")
+    await eventually(lambda: key not in aggregator.tracker)
+    await eventually(lambda: aggregator.registry.writer.pending == 0)
+    call.cancel()
+    assert retries(aggregator, "503") >= 2
+    assert writes(aggregator, "error") == retries(aggregator, "503")
+    assert writes(aggregator, "success") == 0
+
+
+async def test_slow_api_loses_no_transition(
+    kube_emulator: KubeEmulator, channel: tuple[Aggregator, grpc.aio.Channel]
+) -> None:
+    """2 s per request; pods flip while their writes are in flight; the last value lands."""
+    aggregator, grpc_channel = channel
+    names = ["pod-0", "pod-1", "pod-2", "pod-3"]
+    add_pods(kube_emulator, names)  # no serve label yet
+    await eventually(lambda: len(aggregator.tracker) == 4)
+    call = await open_node_stream(grpc_channel, "node-x")
+    kube_emulator.slow(2.0)
+    mark = kube_emulator.checkpoint()
+
+    def patches_of(name: str) -> list[str]:
+        return [
+            p.body["metadata"]["labels"][LABEL]
+            for p in kube_emulator.requests("PATCH", resource="pods", name=name, since=mark)
+        ]
+
+    sequence = iter(range(1, 100))
+    await send(call, dict.fromkeys(names, SERVING), next(sequence))
+    await kube_emulator.wait_until(lambda: all(patches_of(n) == ["true"] for n in names))
+    # Every "true" is in flight (held 2 s by the server). Turn three pods away meanwhile.
+    await send(call, {"pod-0": NOT_READY, "pod-1": NOT_READY, "pod-2": NOT_READY}, next(sequence))
+    # pod-1 comes back before its "false" could be sent (success threshold 2): nothing to write.
+    await send(call, {"pod-1": SERVING, "pod-2": DRAINING}, next(sequence))
+    await send(call, {"pod-1": SERVING}, next(sequence))
+    await kube_emulator.wait_until(
+        lambda: patches_of("pod-0")[1:] == ["false"] and patches_of("pod-2")[1:] == ["false"],
+        within=6,
+    )
+    # The "false" writes are in flight now: pod-0 returns, pod-3 leaves.
+    await send(call, {"pod-0": SERVING, "pod-3": UNHEALTHY}, next(sequence))
+    await send(call, {"pod-0": SERVING}, next(sequence))
+
+    truth = {"pod-0": "true", "pod-1": "true", "pod-2": "false", "pod-3": "false"}
+    for name, wanted in truth.items():
+        record = aggregator.tracker.get(PodKey(NS, name))
+        assert record is not None
+        assert record.desired_label == wanted, (name, record)
+    # (pod-3's "false" may also wait --panic-settle before it is asked for: wait for both.)
+    await eventually(
+        lambda: (
+            aggregator.registry.writer.pending == 0
+            and {name: label(kube_emulator, name) for name in names} == truth
+        ),
+        timeout=12,
+    )
+    call.cancel()
+    assert {name: patches_of(name) for name in names} == {
+        "pod-0": ["true", "false", "true"],
+        "pod-1": ["true"],  # its "false" was replaced by "true" before it was sent
+        "pod-2": ["true", "false"],
+        "pod-3": ["true", "false"],
+    }
+    assert writes(aggregator, "success") == 8
+    assert writes(aggregator, "error") == 0
