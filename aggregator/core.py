@@ -272,11 +272,9 @@ class Core:
 
     def pods_in_pull_mode(self) -> int:
         """Pods no agent speaks for: without one, or with a silent one."""
-        return sum(
-            1
-            for record in self.tracker.records()
-            if record.agent is None or record.state is ServeState.SILENT
-        )
+        tracker = self.tracker
+        now = tracker.now()
+        return sum(1 for record in tracker.records() if not tracker.agent_speaks(record, now))
 
     # -- pulls --------------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ from aggregator.core import Core
 from aggregator.metrics import Metrics
 from aggregator.tracker import Observation, PodKey, PodRecord
 from servehealth_common.probe import Prober, ProbeResult
-from servehealth_common.states import ServeState, Source
+from servehealth_common.states import Source
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,6 @@ class Puller:
         self.settings = settings
         self._metrics = metrics
         self._clock = clock
-        self._slots = asyncio.Semaphore(settings.pull_concurrency)
         self._in_flight: dict[PodKey, asyncio.Task[None]] = {}
 
     # -- what the core asks -------------------------------------------------------------
@@ -88,13 +87,12 @@ class Puller:
 
     async def _pull(self, key: PodKey, url: str) -> None:
         try:
-            async with self._slots:
-                record = self._core.tracker.get(key)
-                previous = record.state if record is not None else None
-                started = self._clock()
-                result = await self._prober.probe_confirmed(
-                    url, previous, self.settings.confirm_delay
-                )
+            record = self._core.tracker.get(key)
+            previous = record.state if record is not None else None
+            started = self._clock()
+            # The prober bounds probes in flight (pull_concurrency); a slot is not held while
+            # a failure waits for its confirmation.
+            result = await self._prober.probe_confirmed(url, previous, self.settings.confirm_delay)
             self._record(result)
             self._core.pulled(key, observation(result), started)
         except Exception:  # one pod's surprise must not stop the others
@@ -108,16 +106,14 @@ class Puller:
 
     def due(self, record: PodRecord, now: float) -> bool:
         """Whether ``record`` should be pulled now."""
-        if record.agent is not None and record.state is not ServeState.SILENT:
-            return False  # its agent speaks for it
+        if self._core.tracker.agent_speaks(record, now):
+            return False
         if record.observed_at is None:
             return True
-        if record.state is ServeState.SILENT:
-            return now - record.observed_at >= self.settings.orphan_interval
         interval = (
-            self.settings.orphan_interval
+            self.settings.orphan_interval  # it had an agent: keep it fresh within the TTL
             if record.pushed_at is not None
-            else self.settings.pull_interval
+            else self.settings.pull_interval  # it never had one: pure-pull mode
         )
         return now - record.observed_at >= interval
 

@@ -91,6 +91,8 @@ class Aggregator:
                 heartbeat_ttl=settings.heartbeat_ttl,
                 failure_threshold=settings.failure_threshold,
                 success_threshold=settings.success_threshold,
+                # A pulled pod is pulled again every pull interval at the latest.
+                pull_ttl=settings.pull_interval + settings.heartbeat_ttl,
             ),
             clock,
         )
@@ -165,7 +167,12 @@ class Aggregator:
         self._pull_session = make_session(max_connections=settings.pull_concurrency)
         self.puller = Puller(
             self.core,
-            Prober(self._pull_session, settings.pull_timeout, self.clock),
+            Prober(
+                self._pull_session,
+                settings.pull_timeout,
+                self.clock,
+                concurrency=settings.pull_concurrency,
+            ),
             PullSettings(
                 pull_interval=settings.pull_interval,
                 pull_timeout=settings.pull_timeout,

@@ -55,6 +55,13 @@ class TrackerSettings:
     heartbeat_ttl: float = 3.0
     failure_threshold: int = 1
     success_threshold: int = 2
+    #: How long a pull observation stays fresh (pods no agent speaks for are pulled every
+    #: pull interval); None: the heartbeat TTL.
+    pull_ttl: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.pull_ttl is None:
+            self.pull_ttl = self.heartbeat_ttl
 
 
 @dataclass(slots=True)
@@ -86,10 +93,13 @@ class Tracker:
         self.settings = settings
         self._clock = clock
         self._records: dict[PodKey, PodRecord] = {}
-        # Pods that can still fall silent, least recently touched first. Observations arrive in
-        # clock order, so moving a key to the end keeps the order and expiry stops at the
-        # first fresh pod: its cost is the number of pods that expire, not the fleet size.
-        self._by_touch: OrderedDict[PodKey, None] = OrderedDict()
+        # Pods that can still fall silent, least recently touched first: one queue for pods
+        # last heard from by push (or never), one for pods last pulled, each with its own TTL.
+        # Observations arrive in clock order, so moving a key to the end of its queue keeps
+        # the order and expiry stops at the first fresh pod: its cost is the number of pods
+        # that expire, not the fleet size.
+        self._pushed: OrderedDict[PodKey, None] = OrderedDict()
+        self._pulled: OrderedDict[PodKey, None] = OrderedDict()
         self._counts: Counter[ServeState] = Counter()
         self._hold_until = float("-inf")
 
@@ -107,7 +117,7 @@ class Tracker:
         now = self._clock()
         record = PodRecord(key, uid, node_name, ServeState.UNKNOWN, now, now)
         self._records[key] = record
-        self._by_touch[key] = None
+        self._pushed[key] = None
         self._counts[ServeState.UNKNOWN] += 1
         return record
 
@@ -129,10 +139,19 @@ class Tracker:
         """Whether the startup grace (see :meth:`hold_expiry`) is still running."""
         return self._clock() < self._hold_until
 
+    def agent_speaks(self, record: PodRecord, now: float) -> bool:
+        """Whether an agent is connected for ``record`` and has pushed within the TTL."""
+        return (
+            record.agent is not None
+            and record.pushed_at is not None
+            and now - record.pushed_at < self.settings.heartbeat_ttl
+        )
+
     def forget(self, key: PodKey) -> None:
         record = self._records.pop(key, None)
         if record is not None:
-            self._by_touch.pop(key, None)
+            self._pushed.pop(key, None)
+            self._pulled.pop(key, None)
             self._counts[record.state] -= 1
 
     def attach(self, key: PodKey, agent: int) -> None:
@@ -158,32 +177,41 @@ class Tracker:
         record.reason = observation.reason
         record.http_status = observation.http_status
         record.latency = observation.latency
-        by_touch = self._by_touch
-        if key in by_touch:
-            by_touch.move_to_end(key)
+        if observation.source is Source.PULL:
+            queue, other = self._pulled, self._pushed
         else:
-            by_touch[key] = None
+            queue, other = self._pushed, self._pulled
+        if key in queue:
+            queue.move_to_end(key)
+        else:
+            other.pop(key, None)
+            queue[key] = None
         return self._gate(record, observation.state, now, observation.source)
 
     def expire(self) -> list[Transition]:
-        """Pods with no observation for longer than the heartbeat TTL become SILENT."""
+        """Pods not observed for longer than their TTL become SILENT: the heartbeat TTL after
+        a push (or since registration), the pull TTL after a pull."""
         now = self._clock()
         if now < self._hold_until:
             return []
-        deadline = now - self.settings.heartbeat_ttl
+        settings = self.settings
+        transitions = self._expire(self._pushed, now, settings.heartbeat_ttl, "report")
+        transitions += self._expire(self._pulled, now, settings.pull_ttl, "successful pull")
+        return transitions
+
+    def _expire(
+        self, queue: OrderedDict[PodKey, None], now: float, ttl: float, what: str
+    ) -> list[Transition]:
+        deadline = now - ttl
         transitions: list[Transition] = []
-        by_touch = self._by_touch
         records = self._records
-        while by_touch:
-            key = next(iter(by_touch))
+        while queue:
+            key = next(iter(queue))
             record = records[key]
             if record.touched_at > deadline:
                 break
-            del by_touch[key]
-            silent_for = now - record.touched_at
-            record.reason = (
-                f"No report for {silent_for:.1f}s (heartbeat TTL {self.settings.heartbeat_ttl:g}s)."
-            )
+            del queue[key]
+            record.reason = f"No {what} for {now - record.touched_at:.1f}s (TTL {ttl:g}s)."
             transition = self._gate(record, ServeState.SILENT, now, None)
             if transition is not None:
                 transitions.append(transition)

@@ -6,6 +6,7 @@ Used by the node agent for its own pods and, as the pull fallback, by the aggreg
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -104,12 +105,29 @@ class Prober:
         self, healthz_url: str, previous: ServeState | None, confirm_delay: float
     ) -> ProbeResult:
         """A probe whose failure, if it would change ``previous``, is confirmed by a second
-        probe ``confirm_delay`` later (the second answer is the one that counts)."""
-        result = await self.probe(healthz_url)
-        if not result.serving and result.state is not previous:
-            await asyncio.sleep(confirm_delay)
-            result = await self.probe(healthz_url)
-        return result
+        probe started ``confirm_delay`` after the first (the second answer is the one that
+        counts). A first probe still unanswered by then gets its confirmation started at once
+        (hedged), so a hung proxy costs one timeout plus the delay, not two timeouts."""
+        first = asyncio.ensure_future(self.probe(healthz_url))
+        done, _ = await asyncio.wait((first,), timeout=confirm_delay)
+        if not done:
+            second = asyncio.ensure_future(self.probe(healthz_url))
+            try:
+                result = await first
+            except BaseException:
+                second.cancel()
+                raise
+            if result.serving or result.state is previous:
+                second.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await second
+                return result
+            return await second
+        result = first.result()
+        if result.serving or result.state is previous:
+            return result
+        await asyncio.sleep(confirm_delay)
+        return await self.probe(healthz_url)
 
     async def _get(self, url: str) -> tuple[int, str]:
         async with self._session.get(url, allow_redirects=False) as response:

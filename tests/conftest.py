@@ -9,6 +9,7 @@ from typing import Any
 
 import grpc
 import pytest
+import uvloop
 
 from aggregator.server import Aggregator
 from aggregator.settings import Settings
@@ -16,6 +17,11 @@ from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
 from tests.fakes import FakeServeProxy
 
 StartAggregator = Callable[..., Awaitable[Aggregator]]
+
+
+def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, Any]:
+    """Tests run on uvloop, as both programs do (servehealth_common/runtime.py)."""
+    return {"uvloop": uvloop.new_event_loop}
 
 
 @pytest.fixture(autouse=True)
