@@ -44,7 +44,13 @@ class ReportService(pb_grpc.ReportServiceServicer):
         # The stream is served in a task of its own so that a drain can end it with a
         # status (cancelling the handler itself would close it with no status at all).
         stream = asyncio.ensure_future(self._serve_stream(context))
-        await asyncio.wait((stream, self._draining), return_when=asyncio.FIRST_COMPLETED)
+        try:
+            await asyncio.wait((stream, self._draining), return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:  # the client went away: gRPC cancels this handler
+            stream.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await stream
+            raise
         if not stream.done():
             stream.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -201,6 +201,8 @@ class Load:
     max_lag: float = 0.0
     flips: list[tuple[str, float]] = field(default_factory=list)  # (pod, t0 monotonic)
     errors: int = 0
+    reconnects: int = 0
+    error_samples: list[str] = field(default_factory=list)
 
 
 async def agent(
@@ -212,20 +214,34 @@ async def agent(
     stop: float,
     measure_from: float,
     rng: random.Random,
+    connecting: asyncio.Semaphore,
 ) -> None:
-    call = pb_grpc.ReportServiceStub(channel).Report()
-    try:
-        await call.write(
-            pb.AgentMessage(
-                hello=pb.Hello(
-                    mode=pb.AGENT_MODE_SIDECAR,
-                    pod=pb.PodRef(namespace=NAMESPACE, name=name, uid=uid),
-                    node_name="bench",
-                    agent_version="bench",
-                )
-            )
+    hello = pb.AgentMessage(
+        hello=pb.Hello(
+            mode=pb.AGENT_MODE_SIDECAR,
+            pod=pb.PodRef(namespace=NAMESPACE, name=name, uid=uid),
+            node_name="bench",
+            agent_version="bench",
         )
-        await call.read()  # settings
+    )
+    # Connect a few hundred at a time, as a fleet does (thousands of RPCs opened in the same
+    # instant fail in the client's gRPC core with INTERNAL); retry like an agent.
+    for attempt in range(5):
+        call = pb_grpc.ReportServiceStub(channel).Report()
+        try:
+            async with connecting:
+                await call.write(hello)
+                await call.read()  # settings
+            break
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as error:
+            call.cancel()
+            load.reconnects += 1
+            if attempt == 4:
+                load.errors += 1
+                load.error_samples.append(f"connect: {error!r}"[:200])
+                return
+            await asyncio.sleep(0.2 * (attempt + 1))
+    try:
 
         async def read_acks() -> None:
             while (await call.read()) is not grpc.aio.EOF:
@@ -263,10 +279,14 @@ async def agent(
             )
             load.sent += 1
             tick += 1.0
-        await call.done_writing()
         reader.cancel()
-    except grpc.aio.AioRpcError:
+        with contextlib.suppress(grpc.aio.AioRpcError):  # the end of the run, not an error
+            await call.done_writing()
+    except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as error:
         load.errors += 1
+        if len(load.error_samples) < 5:
+            when = asyncio.get_running_loop().time() - start
+            load.error_samples.append(f"{when:.1f}s: {error!r}"[:200])
     finally:
         call.cancel()
 
@@ -281,6 +301,7 @@ async def run_load(
         for _ in range(channels)
     ]
     loop = asyncio.get_running_loop()
+    connecting = asyncio.Semaphore(200)
     start = loop.time() + 2.0
     measure_from = time.monotonic() + 2.0 + warmup
     stop = start + warmup + duration
@@ -296,6 +317,7 @@ async def run_load(
                     stop,
                     measure_from,
                     random.Random(rng.random()),
+                    connecting,
                 )
                 for i, uid in enumerate(uids)
             )
@@ -342,6 +364,8 @@ class Result:
     load_late_ticks: int
     load_max_lag_ms: float
     stream_errors: int
+    error_samples: list[str]
+    reconnects: int
 
     @property
     def holds(self) -> bool:
@@ -350,6 +374,18 @@ class Result:
             and self.latency_p99_ms is not None
             and self.latency_p99_ms < 1000
         )
+
+
+def wait_for_pods(address: str, count: int, timeout: float = 120) -> None:
+    """Until the aggregator tracks ``count`` pods (its watch delivered them)."""
+    deadline = time.monotonic() + timeout
+    with grpc.insecure_channel(address) as channel:
+        stub = pb_grpc.InspectionServiceStub(channel)
+        while time.monotonic() < deadline:
+            if stub.GetSummary(pb.GetSummaryRequest(), timeout=10).pods >= count:
+                return
+            time.sleep(0.2)
+    raise RuntimeError(f"the aggregator did not discover {count} pods in {timeout:g}s")
 
 
 def measure(agents: int, options: dict[str, Any], pin: bool) -> Result:
@@ -362,7 +398,7 @@ def measure(agents: int, options: dict[str, Any], pin: bool) -> Result:
         time.sleep(2)
         rss_empty = procstat.rss_bytes(aggregator.pid)
         uids = emulator.call("add", agents)
-        time.sleep(2)  # the watch delivers the pods
+        wait_for_pods(aggregator.address, agents)  # the watch delivers them
         context = mp.get_context("spawn")
         parent, child = context.Pipe()
         load_process = context.Process(
@@ -442,7 +478,34 @@ def summarise(
         load_late_ticks=load["late"],
         load_max_lag_ms=round(load["max_lag"] * 1000, 1),
         stream_errors=load["errors"],
+        error_samples=load["error_samples"],
+        reconnects=load["reconnects"],
     )
+
+
+def tracked_pod_bytes(count: int = 10_000) -> float:
+    """Python heap per tracked pod in the aggregator's own state (tracker record, registry
+    entry, keys, last observation), by tracemalloc: what grows with the fleet, apart from
+    each agent's gRPC stream (which the RSS figure above includes)."""
+    import tracemalloc
+
+    from aggregator.core import Core
+    from aggregator.metrics import Metrics
+    from aggregator.registry import MemoryRegistry, PodInfo
+    from aggregator.tracker import Observation, PodKey, Tracker, TrackerSettings
+    from servehealth_common.states import ServeState
+
+    core = Core(Tracker(TrackerSettings(), time.monotonic), MemoryRegistry(LABEL), Metrics("b"))
+    tracemalloc.start()
+    before = tracemalloc.take_snapshot()
+    for i in range(count):
+        key = PodKey(NAMESPACE, f"raycluster-worker-{i:05d}")
+        stream = core.hello([PodInfo(key, uid=f"{i:08d}-0000-0000-0000-000000000000")])
+        core.report(stream, key, Observation(ServeState.SERVING, "success", 200, 0.002))
+    after = tracemalloc.take_snapshot()
+    tracemalloc.stop()
+    grown = sum(stat.size_diff for stat in after.compare_to(before, "filename"))
+    return grown / count
 
 
 def main() -> int:
@@ -454,10 +517,11 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--find-max", action="store_true", help="step N up until it fails")
     parser.add_argument("--no-pin", action="store_true", help="do not pin to cores 0 and 1")
+    parser.add_argument("--output", type=Path, default=OUTPUT, help="JSON result file")
     args = parser.parse_args()
     pin = not args.no_pin and len(os.sched_getaffinity(0)) >= 2
     options = vars(args)
-    sizes = [2_000, 5_000, 10_000, 15_000, 20_000] if args.find_max else [args.agents]
+    sizes = [2_000, 5_000, 7_500, 10_000, 15_000] if args.find_max else [args.agents]
     results = []
     for size in sizes:
         print(f"measuring {size} agents ...", flush=True)
@@ -475,10 +539,20 @@ def main() -> int:
             f"{r.aggregator_cpu_percent:>6} {r.aggregator_rss_mib:>8} {r.bytes_per_pod:>6} "
             f"{r.latency_p50_ms!s:>7} {r.latency_p99_ms!s:>7} {'yes' if r.holds else 'no':>5}"
         )
+    per_pod = tracked_pod_bytes()
     print(f"aggregator pinned to core 0, emulator and load to core 1: {pin}")
-    OUTPUT.parent.mkdir(parents=True, exist_ok=True)
-    OUTPUT.write_text(
-        json.dumps({"pinned": pin, "results": [asdict(r) for r in results]}, indent=2) + "\n"
+    print(f"tracked-pod state (tracemalloc, 10,000 pods): {per_pod:.0f} bytes per pod")
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(
+        json.dumps(
+            {
+                "pinned": pin,
+                "tracked_pod_bytes": round(per_pod),
+                "results": [asdict(r) for r in results],
+            },
+            indent=2,
+        )
+        + "\n"
     )
     return 0
 

@@ -1,0 +1,83 @@
+"""Run every benchmark, one after another, and print where each figure stands against its
+target. Each scenario is its own module (and can be run alone, with its own options):
+
+    python -m bench                 # everything, with the issue's sizes (about 25 minutes)
+    python -m bench --quick         # small sizes, a couple of minutes: a smoke run, not figures
+    python -m bench --only ingest,detection
+
+Scenarios: ingest (N agents vs one aggregator core), detection (proxy failure -> label write),
+pull_sweep (pull fallback vs the seed's sequential design), kube_writes (API writes in steady
+state, under flapping, at the rate limit), agent_footprint (one agent's CPU and RSS),
+shutdown_detection (real Ray Serve: serve.shutdown() -> out of SERVING). Each writes
+bench/results/<name>.json; this command also writes bench/results/summary.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import harness
+
+RESULTS = harness.REPO_ROOT / "bench" / "results"
+
+#: name -> (full arguments, quick arguments)
+SCENARIOS: dict[str, tuple[list[str], list[str]]] = {
+    "ingest": (["--find-max"], ["--agents", "300", "--duration", "5", "--warmup", "2"]),
+    "detection": ([], ["--flips", "8", "--agents", "8", "--kinds", "503"]),
+    "pull_sweep": ([], ["--pods", "200", "--seed-pods", "20"]),
+    "kube_writes": (
+        [],
+        [
+            "--steady-pods",
+            "100",
+            "--steady-rounds",
+            "5",
+            "--flap-seconds",
+            "3",
+            "--mass-pods",
+            "60",
+        ],
+    ),
+    "agent_footprint": ([], ["--duration", "20"]),
+    "shutdown_detection": ([], ["--runs", "1"]),
+}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run")
+    parser.add_argument("--only", default="", help="comma-separated scenario names")
+    args = parser.parse_args()
+    chosen = [name for name in SCENARIOS if not args.only or name in args.only.split(",")]
+    summary: dict[str, object] = {}
+    for name in chosen:
+        full, quick = SCENARIOS[name]
+        command = [sys.executable, "-m", f"bench.{name}", *(quick if args.quick else full)]
+        print(f"\n=== {name}: {' '.join(command[1:])}", flush=True)
+        started = time.monotonic()
+        code = subprocess.call(command, cwd=harness.REPO_ROOT)
+        result_file = RESULTS / f"{name}.json"
+        summary[name] = {
+            "exit_code": code,
+            "seconds": round(time.monotonic() - started, 1),
+            "result": json.loads(result_file.read_text()) if result_file.exists() else None,
+        }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(f"\nwrote {RESULTS / 'summary.json'}")
+    failed = [name for name, entry in summary.items() if entry["exit_code"]]  # type: ignore[index]
+    if failed:
+        print(f"failed: {', '.join(failed)}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,44 @@
+"""The benchmarks cannot rot: a small ingest run (a few hundred agents, a few seconds) and a
+short detection run complete and report sane numbers. No speed is asserted here; the figures
+come from ``python -m bench`` (docs/benchmarks.md)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from bench import harness
+
+
+def run(tmp_path: Path, module: str, *args: str) -> dict[str, object]:
+    output = tmp_path / f"{module}.json"
+    result = subprocess.run(
+        [sys.executable, "-m", f"bench.{module}", *args, "--output", str(output)],
+        cwd=harness.REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return json.loads(output.read_text())
+
+
+def test_ingest_smoke(tmp_path: Path) -> None:
+    small = ["--agents", "200", "--duration", "3", "--warmup", "1", "--channels", "20"]
+    report = run(tmp_path, "ingest", *small)
+    (result,) = report["results"]  # type: ignore[misc]
+    assert result["agents"] == 200
+    assert result["reports_per_s"] > 0
+    assert result["stream_errors"] == 0
+    assert 0 < result["aggregator_cpu_percent"] < 200
+    assert result["aggregator_rss_mib"] > result["rss_empty_mib"] > 0
+    assert 0 < report["tracked_pod_bytes"] < 100_000  # type: ignore[operator]
+
+
+def test_detection_smoke(tmp_path: Path) -> None:
+    report = run(tmp_path, "detection", "--flips", "8", "--agents", "8", "--kinds", "503")
+    (result,) = report["results"]  # type: ignore[misc]
+    assert result["flips"] >= 8
+    assert 0 < result["p50_s"] <= result["p99_s"] <= result["max_s"] < 30
