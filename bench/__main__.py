@@ -8,7 +8,8 @@ target. Each scenario is its own module (and can be run alone, with its own opti
 Scenarios: ingest (N agents vs one aggregator core), detection (proxy failure -> label write),
 pull_sweep (pull fallback vs the seed's sequential design), kube_writes (API writes in steady
 state, under flapping, at the rate limit), agent_footprint (one agent's CPU and RSS),
-shutdown_detection (real Ray Serve: serve.shutdown() -> out of SERVING). Each writes
+shutdown_detection (real Ray Serve: serve.shutdown() -> out of SERVING), baseline (ours next
+to KubeRay's readiness cadence and the seed's sequential pass, as ratios). Each writes
 bench/results/<name>.json; this command also writes bench/results/summary.json.
 """
 
@@ -48,6 +49,7 @@ SCENARIOS: dict[str, tuple[list[str], list[str]]] = {
     ),
     "agent_footprint": ([], ["--duration", "20"]),
     "shutdown_detection": ([], ["--runs", "1"]),
+    "baseline": ([], []),  # last: reads detection and pull_sweep results
 }
 
 
