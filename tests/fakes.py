@@ -86,12 +86,21 @@ async def silent_server(host: str = "127.0.0.1") -> asyncio.Server:
     return await asyncio.start_server(hold, host, 0)
 
 
+#: Sockets that hold refused ports for the whole session (bound, never listening).
+_HELD: list[socket.socket] = []
+
+
 def refused_port(host: str = "127.0.0.1") -> int:
-    """A loopback port with nothing listening on it (connections are refused)."""
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+    """A loopback port that refuses connections: bound but never listening, and held for the
+    session so that no other server of the suite can take it in the meantime."""
+    sock = socket.socket()
+    sock.bind((host, 0))
+    _HELD.append(sock)
+    return sock.getsockname()[1]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    return refused_port(host)
+    """A port nothing listens on now (another process may take it later)."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]

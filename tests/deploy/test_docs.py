@@ -5,7 +5,6 @@ and link they give exists."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import shlex
@@ -20,6 +19,7 @@ from aggregator.server import Aggregator
 from aggregator.settings import Settings as AggregatorSettings
 from node_agent.settings import Settings as AgentSettings
 from servehealth_common.config import ENV_PREFIX, describe
+from tests import grpcurl
 from tests.deploy.manifests import ROOT
 from tests.messages import open_stream, report
 
@@ -27,7 +27,6 @@ DOCS = ROOT / "docs"
 CONFIGURATION = DOCS / "configuration.md"
 # The operator's docs (issue 6); other pages in docs/ have tests of their own.
 OPERATOR_DOCS = [DOCS / "install.md", CONFIGURATION, DOCS / "operations.md"]
-GRPCURL = Path(sys.executable).parent / "grpcurl"
 DOCUMENTED_ADDRESS = "localhost:50051"  # where `kubectl port-forward` puts the aggregator
 
 
@@ -115,15 +114,9 @@ async def test_every_grpcurl_command_in_the_docs_runs(aggregator: Aggregator) ->
         try:
             for command in commands:
                 argv = shlex.split(command.replace(DOCUMENTED_ADDRESS, address))
-                process = await asyncio.create_subprocess_exec(
-                    str(GRPCURL),
-                    *argv[1:],
-                    stdout=asyncio.subprocess.PIPE,
-                    stderr=asyncio.subprocess.PIPE,
-                )
-                stdout, stderr = await asyncio.wait_for(process.communicate(), 30)
-                assert process.returncode == 0, f"{command}\n{stderr.decode()}"
-                assert stdout.strip(), f"{command} printed nothing"
+                result = await grpcurl.arun(argv[1:])
+                assert result.returncode == 0, f"{command}\n{result.stderr}"
+                assert result.stdout.strip(), f"{command} printed nothing"
         finally:
             for call in calls:
                 call.cancel()

