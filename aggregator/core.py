@@ -133,8 +133,8 @@ class Core:
         return True
 
     def goodbye(self, stream: int, keys: Iterable[PodKey]) -> None:
-        """The stream ended (agent gone, network, shutdown); its pods keep their state until
-        the heartbeat TTL says otherwise."""
+        """The stream ended (agent gone, network, shutdown); its pods keep their state, and
+        the puller (if it can reach them) asks their proxies at once."""
         keys = list(keys)
         self.tracker.detach(keys, stream)
         self._agents.discard(stream)
