@@ -29,6 +29,7 @@ from servehealth.v1 import servehealth_pb2 as pb
 from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
 from servehealth_common.kube.client import find_config, load_configuration
 from servehealth_common.probe import Prober, make_session
+from servehealth_common.tls import ReloadingServerCertificate, server_credentials
 
 log = logging.getLogger(__name__)
 
@@ -110,12 +111,21 @@ class Aggregator:
         self._pull_session: aiohttp.ClientSession | None = None
         self._pulling: asyncio.Task[None] | None = None
         self.health = health.aio.HealthServicer()
-        self._reports = ReportService(self.core, settings.heartbeat_interval, settings.ack_every)
+        self._reports = ReportService(
+            self.core,
+            settings.heartbeat_interval,
+            settings.ack_every,
+            max_streams_per_peer=settings.max_streams_per_peer,
+            max_pods_per_stream=settings.max_pods_per_stream,
+            max_reports_per_second=settings.max_reports_per_second,
+        )
         self.port = 0
         self.metrics_port = 0
         self._server: grpc.aio.Server | None = None
         self._metrics_runner: web.AppRunner | None = None
         self._expiry: asyncio.Task[None] | None = None
+        #: With --tls-cert: the fetcher that reloads rotated certificate files.
+        self.tls: ReloadingServerCertificate | None = None
 
     async def start(self) -> None:
         settings = self.settings
@@ -132,16 +142,21 @@ class Aggregator:
                 ("grpc.http2.max_ping_strikes", 0),
             ]
         )
-        pb_grpc.add_ReportServiceServicer_to_server(self._reports, server)
+        self._reports.register(server)  # undecodable messages: INVALID_ARGUMENT, not INTERNAL
         pb_grpc.add_InspectionServiceServicer_to_server(
             InspectionService(self.core, settings.label_key), server
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection((*SERVICE_NAMES, reflection.SERVICE_NAME), server)
         host, port = split_host_port(settings.listen)
-        self.port = server.add_insecure_port(
-            f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        )
+        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        if settings.tls_cert:
+            credentials, self.tls = server_credentials(
+                settings.tls_cert, settings.tls_key, settings.tls_client_ca
+            )
+            self.port = server.add_secure_port(address, credentials)
+        else:
+            self.port = server.add_insecure_port(address)
         if self.port == 0:
             raise OSError(f"cannot listen on {settings.listen}")
         await server.start()
@@ -153,10 +168,13 @@ class Aggregator:
         self._expiry = asyncio.create_task(self._expire_forever(), name="expiry")
         self._start_puller()
         log.info(
-            "aggregator %s listening on %s:%d (metrics %s), backend %s, label %s",
+            "aggregator %s listening on %s:%d (%s, metrics %s), backend %s, label %s",
             __version__,
             host,
             self.port,
+            ("mutual TLS" if settings.tls_client_ca else "TLS")
+            if settings.tls_cert
+            else "plaintext",
             f"{host}:{self.metrics_port}" if settings.metrics_listen else "off",
             self.registry.name,
             settings.label_key,

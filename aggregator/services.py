@@ -9,6 +9,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from aggregator import wire
 from aggregator.core import Core, NotAdmitted, WatcherTooSlow
@@ -19,15 +20,75 @@ from servehealth_common.states import ServeState
 
 log = logging.getLogger(__name__)
 
+REPORT_METHOD = "Report"
+
+
+# What the deserializer hands over for bytes that are not an AgentMessage: one shared empty
+# message, so it reads as "no kind", and only the error branch that follows asks whether it was
+# this one (no cost to a good report).
+UNDECODABLE = pb.AgentMessage()
+
+
+def decode_agent_message(data: bytes) -> pb.AgentMessage:
+    """``AgentMessage.FromString`` that never raises (gRPC would answer INTERNAL)."""
+    try:
+        return pb.AgentMessage.FromString(data)
+    except DecodeError:
+        return UNDECODABLE
+
+
+def peer_host(peer: str) -> str:
+    """The client address without its port: ``"ipv4:10.1.2.3:5000"`` -> ``"10.1.2.3"``.
+
+    ``"ipv6:[::1]:5000"`` -> ``"::1"``; an IPv4-mapped address counts as its IPv4 one; anything
+    else (``unix:...``) is kept whole.
+    """
+    scheme, _, rest = peer.partition(":")
+    if scheme not in ("ipv4", "ipv6"):
+        return peer
+    host = rest.rpartition(":")[0].strip("[]")
+    return host.removeprefix("::ffff:")
+
 
 class ReportService(pb_grpc.ReportServiceServicer):
-    def __init__(self, core: Core, heartbeat_interval: float, ack_every: int = 1) -> None:
+    def __init__(
+        self,
+        core: Core,
+        heartbeat_interval: float,
+        ack_every: int = 1,
+        *,
+        max_streams_per_peer: int = 64,
+        max_pods_per_stream: int = 512,
+        max_reports_per_second: int = 50,
+    ) -> None:
         self._core = core
         self._ack_every = ack_every
+        self._max_streams_per_peer = max_streams_per_peer
+        self._max_pods_per_stream = max_pods_per_stream
+        self._max_reports_per_second = max_reports_per_second
+        self._streams_by_peer: dict[str, int] = {}
+        self._clock = asyncio.get_running_loop().time
         self._draining: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._settings = pb.AggregatorMessage(
             settings=pb.AgentSettings(heartbeat_interval=wire.duration(heartbeat_interval))
         )
+
+    def register(self, server: grpc.aio.Server) -> None:
+        """Add the Report method to ``server``, with a deserializer that never raises.
+
+        (The generated ``add_ReportServiceServicer_to_server`` uses ``FromString``: gRPC would
+        end a stream of undecodable bytes with INTERNAL; here it gets INVALID_ARGUMENT.)
+        """
+        service = pb.DESCRIPTOR.services_by_name["ReportService"].full_name
+        handlers = {
+            REPORT_METHOD: grpc.stream_stream_rpc_method_handler(
+                self.Report,
+                request_deserializer=decode_agent_message,
+                response_serializer=pb.AggregatorMessage.SerializeToString,
+            )
+        }
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
+        server.add_registered_method_handlers(service, handlers)
 
     async def _reject(
         self, context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str
@@ -66,6 +127,26 @@ class ReportService(pb_grpc.ReportServiceServicer):
             self._draining.set_result(None)
 
     async def _serve_stream(self, context: grpc.aio.ServicerContext) -> None:
+        peer = peer_host(context.peer())
+        open_streams = self._streams_by_peer.get(peer, 0)
+        if open_streams >= self._max_streams_per_peer:
+            await self._reject(
+                context,
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"too many report streams from {peer}: {open_streams} are open "
+                f"(--max-streams-per-peer {self._max_streams_per_peer})",
+            )
+        self._streams_by_peer[peer] = open_streams + 1
+        try:
+            await self._serve_counted_stream(context)
+        finally:
+            left = self._streams_by_peer[peer] - 1
+            if left:
+                self._streams_by_peer[peer] = left
+            else:
+                del self._streams_by_peer[peer]
+
+    async def _serve_counted_stream(self, context: grpc.aio.ServicerContext) -> None:
         first = await context.read()
         if first is grpc.aio.EOF:
             return
@@ -73,7 +154,9 @@ class ReportService(pb_grpc.ReportServiceServicer):
             await self._reject(
                 context,
                 grpc.StatusCode.INVALID_ARGUMENT,
-                "the first message on a Report stream must be a hello",
+                "a message on this Report stream could not be decoded as an AgentMessage"
+                if first is UNDECODABLE
+                else "the first message on a Report stream must be a hello",
             )
         try:
             pods = wire.pods_from_hello(first.hello)
@@ -95,23 +178,53 @@ class ReportService(pb_grpc.ReportServiceServicer):
         )
         report = self._core.report
         ack_every, unacked = self._ack_every, 0
+        max_pods = self._max_pods_per_stream
+        # Token bucket of --max-reports-per-second messages, burst = the rate, refilled lazily:
+        # a message costs one integer decrement; the clock is read only when the budget is
+        # spent (once every `rate` messages at most).
+        clock, rate = self._clock, self._max_reports_per_second
+        budget, refilled = rate, clock()
         try:
             await context.write(self._settings)
             while True:
                 message = await context.read()
                 if message is grpc.aio.EOF:
                     return
+                budget -= 1
+                if budget < 0:
+                    now = clock()
+                    earned = int((now - refilled) * rate)
+                    if earned < 1:
+                        await self._reject(
+                            context,
+                            grpc.StatusCode.RESOURCE_EXHAUSTED,
+                            f"more than {rate} report messages per second on this stream "
+                            "(--max-reports-per-second)",
+                        )
+                    if earned >= rate:  # the bucket filled up: it holds `rate` again
+                        budget, refilled = rate - 1, now
+                    else:
+                        budget, refilled = earned - 1, refilled + earned / rate
                 if message.WhichOneof("kind") != "reports":
                     await self._reject(
                         context,
                         grpc.StatusCode.INVALID_ARGUMENT,
-                        "expected reports: a hello may be sent only once per stream",
+                        "a message on this Report stream could not be decoded as an AgentMessage"
+                        if message is UNDECODABLE
+                        else "expected reports: a hello may be sent only once per stream",
                     )
                 sequence = 0
                 changed = False
                 for pod_report in message.reports.reports:
                     try:
                         key, observation = wire.observation_from_report(pod_report, own_pod)
+                        if len(keys) >= max_pods and key not in keys:
+                            await self._reject(
+                                context,
+                                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"this stream reports for more than {max_pods} pods "
+                                "(--max-pods-per-stream)",
+                            )
                         changed |= report(stream, key, observation)
                     except wire.InvalidMessage as error:
                         await self._reject(context, grpc.StatusCode.INVALID_ARGUMENT, str(error))

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from servehealth_common.config import setting
 from servehealth_common.logs import FORMATS
+from servehealth_common.tls import check_pair, check_readable
 
 
 def split_host_port(address: str) -> tuple[str, int]:
@@ -22,6 +23,21 @@ class Settings:
         "0.0.0.0:50051",
         "HOST:PORT of the gRPC server (reports, inspection, grpc.health.v1, reflection); "
         "port 0 picks a free one.",
+    )
+    tls_cert: str = setting(
+        "",
+        "PEM certificate (chain) of the gRPC port; with --tls-key the port serves TLS only. "
+        "Re-read when the file changes (rotation needs no restart).",
+        shown="(plaintext)",
+    )
+    tls_key: str = setting(
+        "", "PEM private key of --tls-cert (both or neither).", shown="(plaintext)"
+    )
+    tls_client_ca: str = setting(
+        "",
+        "PEM CA bundle: require a client certificate signed by it on the gRPC port (mutual "
+        "TLS); needs --tls-cert and --tls-key.",
+        shown="(no client certificates)",
     )
     metrics_listen: str = setting(
         "0.0.0.0:9090",
@@ -108,6 +124,21 @@ class Settings:
     max_message_bytes: int = setting(
         64 * 1024, "Largest gRPC message accepted; larger ones end the stream (RESOURCE_EXHAUSTED)."
     )
+    max_streams_per_peer: int = setting(
+        64,
+        "Report streams one client address (without its port) may hold open; more are ended "
+        "at once (RESOURCE_EXHAUSTED).",
+    )
+    max_pods_per_stream: int = setting(
+        512,
+        "Distinct pods one report stream may report for; the report naming one more ends the "
+        "stream (RESOURCE_EXHAUSTED).",
+    )
+    max_reports_per_second: int = setting(
+        50,
+        "Report messages one stream may send per second (token bucket, burst = this rate; an "
+        "agent sends about one a second); a faster stream is ended (RESOURCE_EXHAUSTED).",
+    )
     expiry_interval: float = setting(
         0.25, "How often the aggregator looks for pods past the heartbeat TTL.", duration=True
     )
@@ -149,6 +180,10 @@ class Settings:
 
     def __post_init__(self) -> None:
         split_host_port(self.listen)
+        check_pair(self.tls_cert, self.tls_key, "--tls-cert", "--tls-key")
+        if self.tls_client_ca and not self.tls_cert:
+            raise ValueError("--tls-client-ca needs --tls-cert and --tls-key")
+        check_readable(self.tls_client_ca, "--tls-client-ca")
         if self.metrics_listen:
             split_host_port(self.metrics_listen)
         if self.heartbeat_interval <= 0 or self.heartbeat_ttl <= 0:
@@ -164,6 +199,12 @@ class Settings:
             raise ValueError("--ack-every must be at least 1")
         if self.max_message_bytes < 1024:
             raise ValueError("--max-message-bytes must be at least 1024")
+        limits = (self.max_streams_per_peer, self.max_pods_per_stream, self.max_reports_per_second)
+        if min(limits) < 1:
+            raise ValueError(
+                "--max-streams-per-peer, --max-pods-per-stream and --max-reports-per-second "
+                "must be at least 1"
+            )
         if self.expiry_interval <= 0:
             raise ValueError("--expiry-interval must be positive")
         if self.kube_qps <= 0 or self.kube_burst < 1:

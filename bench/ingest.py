@@ -158,6 +158,9 @@ def start_aggregator(log_dir: Path, kubeconfig: str, pin: bool) -> harness.Aggre
         "1000",
         "--events",
         "false",
+        # Every simulated agent connects from this one address.
+        "--max-streams-per-peer",
+        "100000",
         "--log-level",
         "warning",
     ]

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from servehealth_common.config import setting
 from servehealth_common.logs import FORMATS
+from servehealth_common.tls import check_pair, check_readable
 
 MODES = ("sidecar", "daemonset")
 
@@ -15,6 +16,19 @@ class Settings:
     aggregator: str = setting(
         "", "HOST:PORT of the aggregator's gRPC server (required).", shown="(required)"
     )
+    tls_ca: str = setting(
+        "",
+        "PEM CA bundle to verify the aggregator's certificate with; enables TLS. Files are "
+        "re-read at every reconnection (rotation needs no restart).",
+        shown="(plaintext)",
+    )
+    tls_cert: str = setting(
+        "",
+        "PEM client certificate (chain) presented to an aggregator that requires mutual TLS; "
+        "needs --tls-key and --tls-ca.",
+        shown="(none)",
+    )
+    tls_key: str = setting("", "PEM private key of --tls-cert (both or neither).", shown="(none)")
     proxy_url: str = setting(
         "http://127.0.0.1:8000/-/healthz",
         "The Serve proxy's health URL; /-/routes on the same host confirms a healthy answer.",
@@ -76,6 +90,10 @@ class Settings:
     def __post_init__(self) -> None:
         if not self.aggregator:
             raise ValueError("--aggregator (or SERVE_HEALTH_AGGREGATOR) is required: HOST:PORT")
+        check_readable(self.tls_ca, "--tls-ca")
+        check_pair(self.tls_cert, self.tls_key, "--tls-cert", "--tls-key")
+        if self.tls_cert and not self.tls_ca:
+            raise ValueError("--tls-cert and --tls-key need --tls-ca (they are only used over TLS)")
         if not self.proxy_url.startswith(("http://", "https://")):
             raise ValueError(f"--proxy-url must be an http(s) URL, got {self.proxy_url!r}")
         if self.interval <= 0 or self.probe_timeout <= 0:

@@ -21,6 +21,7 @@ from servehealth.v1 import servehealth_pb2 as pb
 from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
 from servehealth_common.backoff import Backoff, jittered
 from servehealth_common.probe import ProbeResult
+from servehealth_common.tls import channel_credentials
 
 log = logging.getLogger(__name__)
 
@@ -149,11 +150,17 @@ class ReportStream:
             reports.append(report)
         return pb.AgentMessage(reports=pb.ReportBatch(reports=reports))
 
+    def _channel(self) -> grpc.aio.Channel:
+        """A new channel; over TLS its credentials are read from the files now (rotation)."""
+        settings = self.settings
+        if not settings.tls_ca:
+            return grpc.aio.insecure_channel(settings.aggregator, options=CHANNEL_OPTIONS)
+        credentials = channel_credentials(settings.tls_ca, settings.tls_cert, settings.tls_key)
+        return grpc.aio.secure_channel(settings.aggregator, credentials, options=CHANNEL_OPTIONS)
+
     async def _stream_once(self) -> None:
         settings = self.settings
-        async with grpc.aio.insecure_channel(
-            settings.aggregator, options=CHANNEL_OPTIONS
-        ) as channel:
+        async with self._channel() as channel:
             async with asyncio.timeout(settings.connect_timeout):
                 await channel.channel_ready()
                 call = pb_grpc.ReportServiceStub(channel).Report()

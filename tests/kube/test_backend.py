@@ -40,7 +40,13 @@ def start_kube(start_aggregator: StartAggregator, kubeconfig_path: pathlib.Path)
     """Start an aggregator on the emulator: ``await start_kube(clock=..., **settings)``."""
 
     async def start(**overrides: Any) -> Aggregator:
-        settings = {"kube_backend": "kubernetes", "kubeconfig": str(kubeconfig_path), **overrides}
+        settings = {
+            "kube_backend": "kubernetes",
+            "kubeconfig": str(kubeconfig_path),
+            # One DaemonSet stream speaks for 1000 pods in some tests (the default allows 512).
+            "max_pods_per_stream": 1000,
+            **overrides,
+        }
         return await start_aggregator(**settings)
 
     return start

@@ -57,6 +57,7 @@ async def test_mass_turn_to_not_ready_never_exceeds_the_bucket(
         kube_burst=BURST,
         kube_concurrency=CONCURRENCY,
         heartbeat_ttl=120.0,  # the test reports once per phase, not at 1 Hz: nobody goes SILENT
+        max_pods_per_stream=len(names),  # one stream speaks for every pod
     )
     registry = aggregator.registry
     assert isinstance(registry, KubeRegistry)
