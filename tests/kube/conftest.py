@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import pathlib
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import kmock
 import kubernetes
 import pytest
 
+from aggregator.server import Aggregator
+from tests.conftest import StartAggregator
 from tests.kube.emulator import KubeEmulator
 
 
@@ -48,3 +51,14 @@ def core_v1(kube_api_client: kubernetes.client.ApiClient) -> kubernetes.client.C
 @pytest.fixture
 def kubeconfig_path(kube_emulator: KubeEmulator, tmp_path: pathlib.Path) -> pathlib.Path:
     return kube_emulator.write_kubeconfig(tmp_path / "kubeconfig")
+
+
+@pytest.fixture
+def start_kube(start_aggregator: StartAggregator, kubeconfig_path: pathlib.Path) -> StartAggregator:
+    """Start an aggregator on the emulator: ``await start_kube(clock=..., **settings)``."""
+
+    async def start(**overrides: Any) -> Aggregator:
+        settings = {"kube_backend": "kubernetes", "kubeconfig": str(kubeconfig_path), **overrides}
+        return await start_aggregator(**settings)
+
+    return start

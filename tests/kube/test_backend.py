@@ -36,18 +36,12 @@ SERVING, NOT_READY = pb.SERVE_STATE_SERVING, pb.SERVE_STATE_NOT_READY
 
 
 @pytest.fixture
-def start_kube(start_aggregator: StartAggregator, kubeconfig_path: pathlib.Path) -> StartAggregator:
-    """Start an aggregator on the emulator: ``await start_kube(clock=..., **settings)``."""
+def start_kube(start_kube: StartAggregator) -> StartAggregator:
+    """The emulator's aggregator, allowing one DaemonSet stream to speak for 1000 pods (some
+    tests do; the default allows 512)."""
 
     async def start(**overrides: Any) -> Aggregator:
-        settings = {
-            "kube_backend": "kubernetes",
-            "kubeconfig": str(kubeconfig_path),
-            # One DaemonSet stream speaks for 1000 pods in some tests (the default allows 512).
-            "max_pods_per_stream": 1000,
-            **overrides,
-        }
-        return await start_aggregator(**settings)
+        return await start_kube(**{"max_pods_per_stream": 1000, **overrides})
 
     return start
 

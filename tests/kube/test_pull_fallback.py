@@ -30,18 +30,17 @@ TTL, PULL_TIMEOUT = 3.0, 0.5
 
 
 @pytest.fixture
-def start_kube(start_aggregator: StartAggregator, kubeconfig_path: pathlib.Path) -> StartAggregator:
+def start_kube(start_kube: StartAggregator) -> StartAggregator:
+    """The emulator's aggregator with a short startup grace and no events."""
+
     async def start(**overrides: Any) -> Aggregator:
-        settings = {
-            "kube_backend": "kubernetes",
-            "kubeconfig": str(kubeconfig_path),
+        defaults = {
             "startup_grace": 0.3,
             "heartbeat_ttl": TTL,
             "pull_timeout": PULL_TIMEOUT,
             "events": False,
-            **overrides,
         }
-        return await start_aggregator(**settings)
+        return await start_kube(**{**defaults, **overrides})
 
     return start
 
