@@ -8,6 +8,7 @@ import os
 import signal
 from collections.abc import Sequence
 
+from aggregator.kube.lease import LeaderElectionConfigError
 from aggregator.server import Aggregator
 from aggregator.settings import Settings
 from servehealth_common import logs, runtime
@@ -24,26 +25,38 @@ def parse(argv: Sequence[str] | None = None) -> Settings:
     return load(Settings, argv, os.environ, "serve-health-aggregator", DESCRIPTION)
 
 
-async def run(settings: Settings) -> None:
+async def run(settings: Settings) -> int:
+    """Serve until SIGTERM/SIGINT (exit 0), or until leadership is lost (exit 1: the
+    Deployment restarts the replica, which comes back as a standby)."""
     aggregator = Aggregator(settings)
     await aggregator.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    await stop.wait()
+    waiters = (
+        asyncio.create_task(stop.wait(), name="signals"),
+        asyncio.create_task(aggregator.wait(), name="aggregator"),
+    )
+    await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    for waiter in waiters:
+        waiter.cancel()
+    await asyncio.gather(*waiters, return_exceptions=True)
     await aggregator.stop()
+    if aggregator.lost:
+        logging.getLogger("aggregator").error("exiting: %s", aggregator.lost)
+        return 1
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     settings = parse(argv)
     logs.setup(settings.log_level, settings.log_format)
     try:
-        runtime.run(run(settings))
-    except NoKubeConfig as error:
+        return runtime.run(run(settings))
+    except (NoKubeConfig, LeaderElectionConfigError) as error:
         logging.getLogger("aggregator").error("cannot start: %s", error)
         return 1
     except OSError as error:
         logging.getLogger("aggregator").error("cannot start: %s", error)
         return 1
-    return 0

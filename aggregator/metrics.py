@@ -61,6 +61,26 @@ class Metrics:
             ["code"],
             registry=r,
         )
+        self.auth = Counter(
+            f"{PREFIX}_auth",
+            "Token checks of report streams and inspection calls (--auth, --inspection-auth), "
+            "by service (report, inspection) and result (ok, unauthenticated, "
+            "permission_denied, unavailable; expired: a stream ended as its token expired).",
+            ["service", "result"],
+            registry=r,
+        )
+        self.token_reviews = Counter(
+            f"{PREFIX}_token_reviews",
+            "TokenReview API calls, by result (authenticated, rejected, error).",
+            ["result"],
+            registry=r,
+        )
+        self.token_cache = Counter(
+            f"{PREFIX}_token_cache",
+            "Token checks answered from the cache of TokenReview answers (hit) or not (miss).",
+            ["result"],
+            registry=r,
+        )
         self.agents_connected = Gauge(
             f"{PREFIX}_agents_connected", "Open report streams that have said hello.", registry=r
         )
@@ -109,6 +129,24 @@ class Metrics:
         self.panic = Gauge(
             f"{PREFIX}_panic",
             "1 while the aggregator suspects itself and holds writes that remove pods.",
+            registry=r,
+        )
+        self.leader = Gauge(
+            f"{PREFIX}_leader",
+            "1 while this replica leads (accepts reports, writes to the API), 0 as a standby; "
+            "always 1 without --leader-elect.",
+            registry=r,
+        )
+        self.leader_transitions = Counter(
+            f"{PREFIX}_leader_transitions",
+            "Changes of this replica's leadership, by change (acquired, lost).",
+            ["change"],
+            registry=r,
+        )
+        self.lease_renew_failures = Counter(
+            f"{PREFIX}_lease_renew_failures",
+            "Attempts of the leader to renew its Lease that failed (API errors, timeouts, "
+            "conflicts); leadership is lost after --leader-elect-renew-deadline of them.",
             registry=r,
         )
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -18,9 +20,16 @@ from servehealth.v1 import servehealth_pb2 as pb
 from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
 from servehealth_common.states import ServeState
 
+if TYPE_CHECKING:
+    from aggregator.guard import Guard
+
 log = logging.getLogger(__name__)
 
 REPORT_METHOD = "Report"
+#: Why a standby refuses a Report stream (UNAVAILABLE: agents try the next address).
+STANDBY_MESSAGE = (
+    "this aggregator is a standby (leader election): reports go to the leader; reconnect"
+)
 
 
 # What the deserializer hands over for bytes that are not an AgentMessage: one shared empty
@@ -60,8 +69,11 @@ class ReportService(pb_grpc.ReportServiceServicer):
         max_streams_per_peer: int = 64,
         max_pods_per_stream: int = 512,
         max_reports_per_second: int = 50,
+        guard: Guard | None = None,
     ) -> None:
         self._core = core
+        #: --auth tokenreview: checks each stream's token against its hello (None: --auth none).
+        self._guard = guard
         self._ack_every = ack_every
         self._max_streams_per_peer = max_streams_per_peer
         self._max_pods_per_stream = max_pods_per_stream
@@ -69,6 +81,8 @@ class ReportService(pb_grpc.ReportServiceServicer):
         self._streams_by_peer: dict[str, int] = {}
         self._clock = asyncio.get_running_loop().time
         self._draining: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        #: A standby (leader election) ends every Report stream at once with UNAVAILABLE.
+        self.standby = False
         self._settings = pb.AggregatorMessage(
             settings=pb.AgentSettings(heartbeat_interval=wire.duration(heartbeat_interval))
         )
@@ -102,6 +116,9 @@ class ReportService(pb_grpc.ReportServiceServicer):
         request_iterator: AsyncIterator[pb.AgentMessage],
         context: grpc.aio.ServicerContext,
     ) -> None:
+        if self.standby:
+            log.debug("refusing a report stream from %s: standby", context.peer())
+            await context.abort(grpc.StatusCode.UNAVAILABLE, STANDBY_MESSAGE)
         # The stream is served in a task of its own so that a drain can end it with a
         # status (cancelling the handler itself would close it with no status at all).
         stream = asyncio.ensure_future(self._serve_stream(context))
@@ -138,7 +155,13 @@ class ReportService(pb_grpc.ReportServiceServicer):
             )
         self._streams_by_peer[peer] = open_streams + 1
         try:
-            await self._serve_counted_stream(context)
+            # The only deadline of a stream: its token's expiry (set after the hello).
+            async with asyncio.timeout(None) as token_expiry:
+                await self._serve_counted_stream(context, token_expiry)
+        except TimeoutError:
+            if self._guard is None or not token_expiry.expired():
+                raise
+            await self._guard.expired(context)
         finally:
             left = self._streams_by_peer[peer] - 1
             if left:
@@ -146,7 +169,9 @@ class ReportService(pb_grpc.ReportServiceServicer):
             else:
                 del self._streams_by_peer[peer]
 
-    async def _serve_counted_stream(self, context: grpc.aio.ServicerContext) -> None:
+    async def _serve_counted_stream(
+        self, context: grpc.aio.ServicerContext, token_expiry: asyncio.Timeout
+    ) -> None:
         first = await context.read()
         if first is grpc.aio.EOF:
             return
@@ -162,6 +187,12 @@ class ReportService(pb_grpc.ReportServiceServicer):
             pods = wire.pods_from_hello(first.hello)
         except wire.InvalidMessage as error:
             await self._reject(context, grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        check_pod = None  # a DaemonSet agent's token binds its reports to the token's node
+        if self._guard is not None:
+            grant = await self._guard.admit_stream(context, first.hello)
+            token_expiry.reschedule(grant.deadline)
+            if grant.node is not None:
+                check_pod = functools.partial(self._guard.check_pod, context, grant.node)
         own_pod = pods[0].key if first.hello.mode == pb.AGENT_MODE_SIDECAR else None
         try:
             stream = self._core.hello(pods)
@@ -218,6 +249,8 @@ class ReportService(pb_grpc.ReportServiceServicer):
                 for pod_report in message.reports.reports:
                     try:
                         key, observation = wire.observation_from_report(pod_report, own_pod)
+                        if check_pod is not None and key not in keys:
+                            await check_pod(key)  # PERMISSION_DENIED for another node's pod
                         if len(keys) >= max_pods and key not in keys:
                             await self._reject(
                                 context,
@@ -253,11 +286,22 @@ class ReportService(pb_grpc.ReportServiceServicer):
 
 class InspectionService(pb_grpc.InspectionServiceServicer):
     def __init__(
-        self, core: Core, label_key: str, wall_clock: Callable[[], float] = time.time
+        self,
+        core: Core,
+        label_key: str,
+        wall_clock: Callable[[], float] = time.time,
+        *,
+        guard: Guard | None = None,
     ) -> None:
         self._core = core
         self._label_key = label_key
         self._wall_clock = wall_clock
+        #: --inspection-auth tokenreview: each call must carry a genuine token (None: open).
+        self._guard = guard
+
+    async def _authenticate(self, context: grpc.aio.ServicerContext) -> None:
+        if self._guard is not None:
+            await self._guard.admit_call(context, "inspection")
 
     def _clocks(self) -> tuple[float, float]:
         return self._core.tracker.now(), self._wall_clock()
@@ -265,6 +309,7 @@ class InspectionService(pb_grpc.InspectionServiceServicer):
     async def ListPods(
         self, request: pb.ListPodsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListPodsResponse:
+        await self._authenticate(context)
         states = set(request.states)
         now, wall = self._clocks()
         pods = [
@@ -277,6 +322,7 @@ class InspectionService(pb_grpc.InspectionServiceServicer):
         return pb.ListPodsResponse(pods=pods)
 
     async def GetPod(self, request: pb.GetPodRequest, context: grpc.aio.ServicerContext) -> pb.Pod:
+        await self._authenticate(context)
         if not request.namespace or not request.name:
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, "namespace and name are both required"
@@ -292,6 +338,7 @@ class InspectionService(pb_grpc.InspectionServiceServicer):
     async def GetSummary(
         self, request: pb.GetSummaryRequest, context: grpc.aio.ServicerContext
     ) -> pb.Summary:
+        await self._authenticate(context)
         counts = self._core.tracker.counts()
         return pb.Summary(
             pods=sum(counts.values()),
@@ -305,6 +352,7 @@ class InspectionService(pb_grpc.InspectionServiceServicer):
     async def WatchTransitions(
         self, request: pb.WatchTransitionsRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.Transition]:
+        await self._authenticate(context)
         try:
             async for transition in self._core.watch(request.namespace):
                 yield wire.transition_message(transition, *self._clocks())

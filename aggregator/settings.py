@@ -39,6 +39,33 @@ class Settings:
         "TLS); needs --tls-cert and --tls-key.",
         shown="(no client certificates)",
     )
+    auth: str = setting(
+        "tokenreview",
+        "How agents prove who they are. tokenreview: each Report stream carries the agent's "
+        "projected ServiceAccount token (authorization: Bearer), checked with the Kubernetes "
+        "TokenReview API; a sidecar may report only for its own pod, a DaemonSet agent only "
+        "for pods on its node. none: any client may report for any pod (local use only; "
+        "logged as a warning at start).",
+        choices=("tokenreview", "none"),
+    )
+    auth_audience: str = setting(
+        "ray-serve-health",
+        "Audience the agents' tokens must be issued for (the serviceAccountToken audience of "
+        "their projected volume).",
+    )
+    auth_node_agent_service_account: tuple[str, ...] = setting(
+        ("ray-serve-health/ray-serve-health-agent",),
+        "NAMESPACE/NAME of a ServiceAccount whose tokens may report as a DaemonSet agent, for "
+        "the pods on the token's node; repeat the flag (or comma-separate the variable) for "
+        "several. Any other token may report only for its own pod.",
+    )
+    inspection_auth: str = setting(
+        "none",
+        "none: the read-only InspectionService answers whoever reaches the port; tokenreview: "
+        "it wants a bearer token that TokenReview accepts for --auth-audience, as agents do "
+        "(grpc.health.v1 and reflection stay open).",
+        choices=("none", "tokenreview"),
+    )
     metrics_listen: str = setting(
         "0.0.0.0:9090",
         "HOST:PORT of the Prometheus endpoint (/metrics); empty disables it.",
@@ -139,6 +166,37 @@ class Settings:
         "Report messages one stream may send per second (token bucket, burst = this rate; an "
         "agent sends about one a second); a faster stream is ended (RESOURCE_EXHAUSTED).",
     )
+    handshake_timeout: float = setting(
+        10.0,
+        "How long a new gRPC connection gets to finish its handshake (TCP, TLS, HTTP/2 "
+        "preface and first SETTINGS); a slower or silent one is closed (gRPC's own default: "
+        "120 s).",
+        duration=True,
+    )
+    keepalive_time: float = setting(
+        30.0,
+        "Ping a gRPC connection that has sent nothing for this long; with --keepalive-timeout "
+        "this closes connections whose peer vanished or stopped reading (gRPC's own default: "
+        "2 h).",
+        duration=True,
+    )
+    keepalive_timeout: float = setting(
+        10.0,
+        "How long such a ping may go unanswered before its connection is closed.",
+        duration=True,
+    )
+    max_connection_idle: float = setting(
+        300.0,
+        "Close a gRPC connection with no call in flight for this long (a graceful GOAWAY: a "
+        "client reconnects on its next call; agents always have their stream open).",
+        duration=True,
+    )
+    max_connections: int = setting(
+        20_000,
+        "gRPC connections open at once at most (an agent holds one); more are closed as they "
+        "arrive. Each costs 13-17 KiB of memory, ~45 KiB with a Report stream: the default "
+        "fits a 1 GiB memory limit. 0: no limit.",
+    )
     expiry_interval: float = setting(
         0.25, "How often the aggregator looks for pods past the heartbeat TTL.", duration=True
     )
@@ -169,6 +227,45 @@ class Settings:
     panic_min_pods: int = setting(
         3, "PANIC needs at least this many UNHEALTHY or SILENT pods (small fleets)."
     )
+    leader_elect: bool = setting(
+        False,
+        "Run as one of several replicas: only the holder of a coordination.k8s.io Lease "
+        "(the leader) accepts reports and writes to the API; a standby answers NOT_SERVING on "
+        "grpc.health.v1 and takes over when the leader is gone. Needs the kubernetes backend.",
+    )
+    leader_elect_lease_duration: float = setting(
+        3.0,
+        "How long a standby waits, after it last saw the Lease change, before it takes the "
+        "Lease over (whole seconds: the Lease stores leaseDurationSeconds).",
+        duration=True,
+    )
+    leader_elect_renew_deadline: float = setting(
+        2.0,
+        "The leader gives up (and exits) when it could not renew the Lease for this long; "
+        "shorter than --leader-elect-lease-duration.",
+        duration=True,
+    )
+    leader_elect_retry_period: float = setting(
+        0.5,
+        "How often the leader renews the Lease and a standby looks at it (jittered); each "
+        "Lease request has a deadline of half --leader-elect-renew-deadline.",
+        duration=True,
+    )
+    leader_elect_lease_name: str = setting(
+        "ray-serve-health-aggregator", "Name of the Lease the replicas elect a leader with."
+    )
+    leader_elect_namespace: str = setting(
+        "",
+        "Namespace of the Lease; without it, $POD_NAMESPACE, then the pod's own namespace "
+        "(the in-cluster ServiceAccount's namespace file).",
+        shown="(own namespace)",
+    )
+    leader_elect_identity: str = setting(
+        "",
+        "This replica's holderIdentity in the Lease; must differ between replicas. Without "
+        "it, $POD_NAME (or the host name) plus a random suffix.",
+        shown="(POD_NAME_random)",
+    )
     log_level: str = setting("info", "Log level.", choices=("debug", "info", "warning", "error"))
     log_format: str = setting(
         "text",
@@ -184,6 +281,14 @@ class Settings:
         if self.tls_client_ca and not self.tls_cert:
             raise ValueError("--tls-client-ca needs --tls-cert and --tls-key")
         check_readable(self.tls_client_ca, "--tls-client-ca")
+        if not self.auth_audience:
+            raise ValueError("--auth-audience must not be empty")
+        for account in self.auth_node_agent_service_account:
+            namespace, slash, name = account.partition("/")
+            if not slash or not namespace or not name or "/" in name:
+                raise ValueError(
+                    f"--auth-node-agent-service-account {account!r} is not NAMESPACE/NAME"
+                )
         if self.metrics_listen:
             split_host_port(self.metrics_listen)
         if self.heartbeat_interval <= 0 or self.heartbeat_ttl <= 0:
@@ -205,6 +310,19 @@ class Settings:
                 "--max-streams-per-peer, --max-pods-per-stream and --max-reports-per-second "
                 "must be at least 1"
             )
+        connection_deadlines = (
+            self.handshake_timeout,
+            self.keepalive_time,
+            self.keepalive_timeout,
+            self.max_connection_idle,
+        )
+        if min(connection_deadlines) < 0.001:
+            raise ValueError(
+                "--handshake-timeout, --keepalive-time, --keepalive-timeout and "
+                "--max-connection-idle must be at least 1ms"
+            )
+        if self.max_connections < 0:
+            raise ValueError("--max-connections must not be negative (0: no limit)")
         if self.expiry_interval <= 0:
             raise ValueError("--expiry-interval must be positive")
         if self.kube_qps <= 0 or self.kube_burst < 1:
@@ -221,6 +339,31 @@ class Settings:
             raise ValueError("--panic-settle must not be negative, --panic-min-pods >= 1")
         if self.startup_grace < 0:
             raise ValueError("--startup-grace must not be negative")
+        self._check_leader_election()
+
+    def _check_leader_election(self) -> None:
+        duration = self.leader_elect_lease_duration
+        deadline = self.leader_elect_renew_deadline
+        retry = self.leader_elect_retry_period
+        if self.leader_elect and self.kube_backend == "memory":
+            raise ValueError(
+                "--leader-elect needs the kubernetes backend (the Lease lives in the API); "
+                "--kube-backend memory keeps everything in one process"
+            )
+        if duration < 1 or duration != int(duration):
+            raise ValueError(
+                f"--leader-elect-lease-duration ({duration:g}s) must be a whole number of "
+                "seconds, at least 1 (the Lease stores leaseDurationSeconds)"
+            )
+        if not duration > deadline > retry * 1.2 > 0:
+            raise ValueError(
+                f"leader election needs --leader-elect-lease-duration ({duration:g}s) > "
+                f"--leader-elect-renew-deadline ({deadline:g}s) > 1.2 x "
+                f"--leader-elect-retry-period ({retry:g}s) > 0: the leader must give up before "
+                "a standby may take over, and have time to retry within the deadline"
+            )
+        if not self.leader_elect_lease_name:
+            raise ValueError("--leader-elect-lease-name must not be empty")
 
     @property
     def effective_startup_grace(self) -> float:

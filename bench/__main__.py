@@ -1,16 +1,19 @@
 """Run every benchmark, one after another, and print where each figure stands against its
 target. Each scenario is its own module (and can be run alone, with its own options):
 
-    python -m bench                 # everything, with the issue's sizes (about 25 minutes)
+    python -m bench                 # everything, with the issue's sizes (about 35 minutes)
     python -m bench --quick         # small sizes, a couple of minutes: a smoke run, not figures
     python -m bench --only ingest,detection
 
 Scenarios: ingest (N agents vs one aggregator core), detection (proxy failure -> label write),
 pull_sweep (pull fallback vs the seed's sequential design), kube_writes (API writes in steady
 state, under flapping, at the rate limit), agent_footprint (one agent's CPU and RSS),
-shutdown_detection (real Ray Serve: serve.shutdown() -> out of SERVING), baseline (ours next
-to KubeRay's readiness cadence and the seed's sequential pass, as ratios). Each writes
-bench/results/<name>.json; this command also writes bench/results/summary.json.
+shutdown_detection (real Ray Serve: serve.shutdown() -> out of SERVING), flood (the
+aggregator's memory under thousands of half-open connections, and how soon it closes them),
+failover (two aggregators with leader election: SIGKILL the leader, time until the standby
+serves and the agents are back, spurious writes), baseline (ours next to KubeRay's readiness
+cadence and the seed's sequential pass, as ratios). Each writes bench/results/<name>.json; this
+command also writes bench/results/summary.json.
 """
 
 from __future__ import annotations
@@ -49,6 +52,8 @@ SCENARIOS: dict[str, tuple[list[str], list[str]]] = {
     ),
     "agent_footprint": ([], ["--duration", "20"]),
     "shutdown_detection": ([], ["--runs", "1"]),
+    "flood": ([], ["--sizes", "1000", "--no-reap"]),
+    "failover": ([], ["--kills", "2", "--pods", "10", "--steady", "1"]),
     "baseline": ([], []),  # last: reads detection and pull_sweep results
 }
 

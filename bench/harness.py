@@ -43,7 +43,8 @@ AGENT_INTERVAL = "1s"
 AGENT_PROBE_TIMEOUT = "500ms"
 
 _LISTENING = re.compile(r"listening on (?P<host>\S+):(?P<port>\d+)")
-_METRICS = re.compile(r"\(metrics (?P<host>\S+):(?P<port>\d+)\)")
+# "... listening on HOST:PORT (plaintext, metrics HOST:PORT), backend ..."
+_METRICS = re.compile(r"[(,] ?metrics (?P<host>[^\s,()]+):(?P<port>\d+)\)")
 _AGENT_CONNECTED = re.compile(r"connected to aggregator ")
 
 
@@ -223,6 +224,9 @@ def start_aggregator(
             f"{HOST}:0",
             "--kube-backend",
             "memory",
+            # Agents here carry no ServiceAccount token (tests/kube/test_auth.py tests tokens).
+            "--auth",
+            "none",
             *extra_args,
         ],
         log_dir / "aggregator.log",

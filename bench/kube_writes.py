@@ -76,6 +76,8 @@ CALL_TIMEOUT = 30.0
 #: The bench reads one ack per message to know it was handled; aggregators that have
 #: ``--ack-every`` ack only changes (and every Nth message) unless told otherwise.
 ACK_EACH = {"ack_every": 1} if "ack_every" in {f.name for f in dataclasses.fields(Settings)} else {}
+#: The bench's report stream carries no ServiceAccount token (it measures writes, not tokens).
+NO_AUTH = {"auth": "none"} if "auth" in {f.name for f in dataclasses.fields(Settings)} else {}
 
 
 class FakeClock:
@@ -141,7 +143,7 @@ async def running_aggregator(
         kube_backend="kubernetes",
         kubeconfig=str(kubeconfig),
         shutdown_grace=0.2,
-        **{**ACK_EACH, **overrides},
+        **{**ACK_EACH, **NO_AUTH, **overrides},
     )
     aggregator = Aggregator(settings, clock=clock)
     await aggregator.start()

@@ -37,3 +37,8 @@ class CpuWindow:
 
     def stop(self) -> float:
         return (cpu_seconds(self.pid) - self._cpu) / (time.monotonic() - self._wall)
+
+
+def open_fds(pid: int) -> int:
+    """File descriptors the process holds (sockets, files, pipes, epoll)."""
+    return len(os.listdir(f"/proc/{pid}/fd"))

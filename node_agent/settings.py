@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from node_agent.token import DEFAULT_TOKEN_FILE
 from servehealth_common.config import setting
 from servehealth_common.logs import FORMATS
 from servehealth_common.tls import check_pair, check_readable
@@ -14,7 +15,11 @@ MODES = ("sidecar", "daemonset")
 @dataclass(frozen=True)
 class Settings:
     aggregator: str = setting(
-        "", "HOST:PORT of the aggregator's gRPC server (required).", shown="(required)"
+        "",
+        "HOST:PORT of the aggregator's gRPC server (required): in Kubernetes its Service. "
+        "Several comma-separated addresses (aggregator replicas with no Service in front) are "
+        "tried in turn: a stream that ends moves on to the next one at once.",
+        shown="(required)",
     )
     tls_ca: str = setting(
         "",
@@ -29,6 +34,13 @@ class Settings:
         shown="(none)",
     )
     tls_key: str = setting("", "PEM private key of --tls-cert (both or neither).", shown="(none)")
+    token_file: str = setting(
+        DEFAULT_TOKEN_FILE,
+        "The agent's projected ServiceAccount token (audience ray-serve-health), read for "
+        "every new stream (the kubelet rotates it) and sent as 'authorization: Bearer'. "
+        "Without this default file the agent sends no token (for --auth none); a path given "
+        "explicitly must exist; empty: never send one.",
+    )
     proxy_url: str = setting(
         "http://127.0.0.1:8000/-/healthz",
         "The Serve proxy's health URL; /-/routes on the same host confirms a healthy answer.",
@@ -77,7 +89,11 @@ class Settings:
         5.0, "Deadline to connect to the aggregator and to hear its settings.", duration=True
     )
     reconnect_max: float = setting(
-        10.0, "Longest wait between reconnection attempts (exponential, jittered).", duration=True
+        2.0,
+        "Longest wait between reconnection attempts (exponential from 200ms, jittered; with "
+        "several --aggregator addresses, between rounds of all of them). Short, so that agents "
+        "are back within the aggregator's startup grace after a restart or a failover.",
+        duration=True,
     )
     log_level: str = setting("info", "Log level.", choices=("debug", "info", "warning", "error"))
     log_format: str = setting(
@@ -90,6 +106,10 @@ class Settings:
     def __post_init__(self) -> None:
         if not self.aggregator:
             raise ValueError("--aggregator (or SERVE_HEALTH_AGGREGATOR) is required: HOST:PORT")
+        if len(self.aggregators) != self.aggregator.count(",") + 1:
+            raise ValueError(
+                f"--aggregator {self.aggregator!r} has an empty address: HOST:PORT[,HOST:PORT...]"
+            )
         check_readable(self.tls_ca, "--tls-ca")
         check_pair(self.tls_cert, self.tls_key, "--tls-cert", "--tls-key")
         if self.tls_cert and not self.tls_ca:
@@ -98,6 +118,8 @@ class Settings:
             raise ValueError(f"--proxy-url must be an http(s) URL, got {self.proxy_url!r}")
         if self.interval <= 0 or self.probe_timeout <= 0:
             raise ValueError("--interval and --probe-timeout must be positive")
+        if self.token_file != DEFAULT_TOKEN_FILE:
+            check_readable(self.token_file, "--token-file")
         if self.connect_timeout <= 0 or self.reconnect_max <= 0:
             raise ValueError("--connect-timeout and --reconnect-max must be positive")
         if not 0 < self.proxy_port < 65536:
@@ -111,3 +133,8 @@ class Settings:
                 f"--probe-timeout ({self.probe_timeout:g}s) must be shorter than "
                 f"--interval ({self.interval:g}s)"
             )
+
+    @property
+    def aggregators(self) -> tuple[str, ...]:
+        """The addresses of ``--aggregator``, in the order they are tried."""
+        return tuple(part.strip() for part in self.aggregator.split(",") if part.strip())

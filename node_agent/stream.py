@@ -17,11 +17,13 @@ from collections.abc import Hashable
 import grpc
 
 from node_agent.settings import Settings
+from node_agent.token import DEFAULT_TOKEN_FILE, TokenFile
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
 from servehealth_common.backoff import Backoff, jittered
 from servehealth_common.probe import ProbeResult
 from servehealth_common.tls import channel_credentials
+from servehealth_common.tokens import TOKEN_EXPIRED
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +44,27 @@ MIN_HEARTBEAT_INTERVAL = 0.05
 MAX_BATCH_REPORTS = 100
 
 
+#: Statuses of an aggregator that will not take this agent's reports (token, identity).
+REFUSALS = frozenset({grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED})
+#: Distinct refusals remembered (each is logged once as an error, then at debug level).
+MAX_REFUSALS_LOGGED = 32
+
+
 class StreamEnded(Exception):
     """The aggregator closed the stream without an error."""
+
+
+async def connected(channel: grpc.aio.Channel, address: str) -> None:
+    """Wait until ``channel`` is connected. A failed attempt (refused, unresolvable, a TLS
+    handshake that failed) raises ConnectionError at once, rather than waiting out gRPC's own
+    reconnection backoff: the agent's backoff (or the next ``--aggregator`` address) decides
+    what comes next, so a failover costs milliseconds per dead address, not a timeout."""
+    state = channel.get_state(try_to_connect=True)
+    while state is not grpc.ChannelConnectivity.READY:
+        if state in (grpc.ChannelConnectivity.TRANSIENT_FAILURE, grpc.ChannelConnectivity.SHUTDOWN):
+            raise ConnectionError(f"cannot connect to {address}")
+        await channel.wait_for_state_change(state)
+        state = channel.get_state(try_to_connect=True)
 
 
 class Outbox:
@@ -112,6 +133,18 @@ class ReportStream:
         self._rng = rng
         self._sequence = 0
         self._backoff = Backoff(base=0.2, cap=settings.reconnect_max, rng=rng)
+        #: --aggregator's addresses, tried in turn (a standby refuses with UNAVAILABLE).
+        self._addresses = settings.aggregators or (settings.aggregator,)
+        self._address = 0
+        self._failed_in_round = 0
+        #: The projected ServiceAccount token, read for every stream (None: never send one).
+        self._token = (
+            TokenFile(settings.token_file, required=settings.token_file != DEFAULT_TOKEN_FILE)
+            if settings.token_file
+            else None
+        )
+        self._refusals: set[tuple[grpc.StatusCode, str]] = set()
+        self._warned_plaintext = False
 
     async def run(self) -> None:
         """Stream, and reconnect whenever the stream ends; never returns."""
@@ -119,21 +152,80 @@ class ReportStream:
             try:
                 await self._stream_once()
             except grpc.aio.AioRpcError as error:
-                log.warning(
-                    "stream to %s ended: %s: %s",
-                    self.settings.aggregator,
-                    error.code().name,
-                    error.details(),
-                )
+                if error.code() in REFUSALS:  # retried too: the token rotates, RBAC gets fixed
+                    self._refused(error, was_connected=self.connected.is_set())
+                else:
+                    log.warning(
+                        "stream to %s ended: %s: %s",
+                        self.address,
+                        error.code().name,
+                        error.details(),
+                    )
             except (TimeoutError, OSError, StreamEnded) as error:
                 detail = str(error) or type(error).__name__
-                log.warning("stream to %s ended: %s", self.settings.aggregator, detail)
+                log.warning("stream to %s ended: %s", self.address, detail)
             except Exception:  # never let one stream's surprise end the agent
-                log.exception("stream to %s failed", self.settings.aggregator)
+                log.exception("stream to %s failed", self.address)
+            was_connected = self.connected.is_set()
             self.connected.clear()
+            if self._next_address(was_connected):
+                log.info("trying aggregator %s", self.address)
+                continue
             delay = self._backoff.next()
             log.info("reconnecting in %.2fs", delay)
             await asyncio.sleep(delay)
+
+    @property
+    def address(self) -> str:
+        """The aggregator address in use (or tried next)."""
+        return self._addresses[self._address]
+
+    def _next_address(self, was_connected: bool) -> bool:
+        """Move on to the next address; True to try it at once, False to back off first
+        (every address failed since the last stream that connected; with one address,
+        every time, as before)."""
+        if was_connected:
+            self._failed_in_round = 0
+        self._failed_in_round += 1
+        self._address = (self._address + 1) % len(self._addresses)
+        if self._failed_in_round < len(self._addresses):
+            return True
+        self._failed_in_round = 0
+        return False
+
+    def _refused(self, error: grpc.aio.AioRpcError, *, was_connected: bool) -> None:
+        """Log a refusal once per distinct status (later ones at debug level): an agent with
+        a bad token retries for ever, and must not fill the log doing so."""
+        code, details = error.code(), error.details() or ""
+        if was_connected and code is grpc.StatusCode.UNAUTHENTICATED and details == TOKEN_EXPIRED:
+            log.info("the stream's token expired; reconnecting with the current one")
+            return
+        if (code, details) in self._refusals:
+            log.debug("the aggregator refused this agent again: %s: %s", code.name, details)
+            return
+        if len(self._refusals) >= MAX_REFUSALS_LOGGED:
+            self._refusals.clear()
+        self._refusals.add((code, details))
+        log.error(
+            "the aggregator refused this agent: %s: %s; retrying with backoff (check --token-file "
+            "%s and the aggregator's --auth settings; logged once per distinct refusal)",
+            code.name,
+            details,
+            self.settings.token_file or "(none)",
+        )
+
+    def _metadata(self) -> tuple[tuple[str, str], ...] | None:
+        """The call metadata of a new stream: the current token, if there is one."""
+        token = self._token.read() if self._token is not None else None
+        if token is None:
+            return None
+        if not self.settings.tls_ca and not self._warned_plaintext:
+            self._warned_plaintext = True
+            log.warning(
+                "sending the ServiceAccount token over a plaintext connection: anyone on the "
+                "path can read it and report as this agent until it expires; use TLS (--tls-ca)"
+            )
+        return (("authorization", f"Bearer {token}"),)
 
     def _batch(self, items: list[tuple[pb.PodRef | None, ProbeResult]]) -> pb.AgentMessage:
         reports = []
@@ -154,23 +246,23 @@ class ReportStream:
         """A new channel; over TLS its credentials are read from the files now (rotation)."""
         settings = self.settings
         if not settings.tls_ca:
-            return grpc.aio.insecure_channel(settings.aggregator, options=CHANNEL_OPTIONS)
+            return grpc.aio.insecure_channel(self.address, options=CHANNEL_OPTIONS)
         credentials = channel_credentials(settings.tls_ca, settings.tls_cert, settings.tls_key)
-        return grpc.aio.secure_channel(settings.aggregator, credentials, options=CHANNEL_OPTIONS)
+        return grpc.aio.secure_channel(self.address, credentials, options=CHANNEL_OPTIONS)
 
     async def _stream_once(self) -> None:
         settings = self.settings
         async with self._channel() as channel:
             async with asyncio.timeout(settings.connect_timeout):
-                await channel.channel_ready()
-                call = pb_grpc.ReportServiceStub(channel).Report()
+                await connected(channel, self.address)
+                call = pb_grpc.ReportServiceStub(channel).Report(metadata=self._metadata())
                 await call.write(self._hello)
                 first = await call.read()
             try:
                 self._apply(first)
                 self._backoff.reset()
                 self.connected.set()
-                log.info("connected to aggregator %s as %s", settings.aggregator, self._who)
+                log.info("connected to aggregator %s as %s", self.address, self._who)
                 async with asyncio.TaskGroup() as group:
                     group.create_task(self._read_forever(call))
                     group.create_task(self._write_forever(call))

@@ -69,6 +69,7 @@ async def start_aggregator() -> AsyncIterator[StartAggregator]:
                 "metrics_listen": "127.0.0.1:0",
                 "kube_backend": "memory",  # whatever kubeconfig this machine has
                 "ack_every": 1,  # tests read an ack after each report to know it was handled
+                "auth": "none",  # raw test streams carry no token (tests/kube/test_auth.py do)
                 "shutdown_grace": 0.2,
                 **overrides,
             }

@@ -26,6 +26,8 @@ async def test_sigterm_drains_and_exits_zero() -> None:
         "",
         "--kube-backend",
         "memory",
+        "--auth",
+        "none",
         stderr=asyncio.subprocess.PIPE,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )

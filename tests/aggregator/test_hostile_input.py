@@ -266,7 +266,8 @@ async def test_a_connection_flood_does_not_stop_reports(
     aggregator: Aggregator, good: Good, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """300 idle gRPC channels (each its own connection) and 300 TCP connections that never
-    say a word, held open while the good agent keeps reporting."""
+    say a word, held open while the good agent keeps reporting. (Thousands, of every kind of
+    half-open connection, against an aggregator process: test_connection_flood.py.)"""
     address = f"127.0.0.1:{aggregator.port}"
     before = rss_kib()
     channels = [

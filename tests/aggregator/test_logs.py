@@ -135,6 +135,7 @@ async def run_aggregator() -> AsyncIterator[Callable[..., Any]]:
             "-m",
             "aggregator",
             "--kube-backend=memory",
+            "--auth=none",
             "--listen=127.0.0.1:0",
             "--metrics-listen=",
             *flags,

@@ -1,6 +1,6 @@
-"""The benchmarks cannot rot: a small ingest run (a few hundred agents, a few seconds) and a
-short detection run complete and report sane numbers. No speed is asserted here; the figures
-come from ``python -m bench`` (docs/benchmarks.md)."""
+"""The benchmarks cannot rot: a small ingest run (a few hundred agents, a few seconds), a short
+detection run and a small connection flood complete and report sane numbers. No speed is
+asserted here; the figures come from ``python -m bench`` (docs/benchmarks.md)."""
 
 from __future__ import annotations
 
@@ -42,3 +42,22 @@ def test_detection_smoke(tmp_path: Path) -> None:
     (result,) = report["results"]  # type: ignore[misc]
     assert result["flips"] >= 8
     assert 0 < result["p50_s"] <= result["p99_s"] <= result["max_s"] < 30
+
+
+def test_failover_smoke(tmp_path: Path) -> None:
+    report = run(tmp_path, "failover", "--kills", "1", "--pods", "4", "--steady", "0.5")
+    (kill,) = report["kills"]  # type: ignore[misc]
+    assert 0 < kill["serving_s"] <= kill["agents_s"] < 30
+    assert report["spurious_writes"] == 0
+
+
+def test_flood_smoke(tmp_path: Path) -> None:
+    small = ["--sizes", "200", "--kinds", "silent,hello", "--hold", "1", "--no-reap"]
+    report = run(tmp_path, "flood", *small)
+    results = report["results"]
+    assert [r["kind"] for r in results] == ["silent", "hello"]  # type: ignore[index]
+    for result in results:  # type: ignore[attr-defined]
+        assert result["opened"] == 200
+        assert result["health_during"] == "SERVING"
+        assert result["live_errors"] == []
+        assert 0 < result["bytes_per_connection"] < 1_000_000

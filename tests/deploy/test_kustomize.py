@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
+from aggregator.server import LIVENESS
 from aggregator.settings import Settings as AggregatorSettings
 from node_agent.settings import Settings as AgentSettings
 from servehealth_common.config import describe, load
@@ -159,19 +160,29 @@ def test_every_image_is_pinned_and_ours_is_this_version(directory: Path) -> None
 
 
 @pytest.mark.parametrize("directory", ["deploy/base/aggregator", *OVERLAYS])
-def test_aggregator_runs_once_with_native_grpc_probes(directory: str) -> None:
+def test_aggregator_runs_a_leader_and_a_standby_with_native_grpc_probes(directory: str) -> None:
     objects = render(directory)
     deployment = find(objects, "Deployment", AGGREGATOR)
-    # No leader election yet: one writer, and no overlap during an update.
-    assert deployment["spec"]["replicas"] == 1
-    assert deployment["spec"]["strategy"]["type"] == "Recreate"
+    # Two replicas elect a leader; a standby is never Ready, so an update that waited for
+    # Ready new pods (maxUnavailable below 100%) would never finish.
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": "100%", "maxUnavailable": "100%"},
+    }
     pod = deployment["spec"]["template"]
     container = pod["spec"]["containers"][0]
     assert container["command"] == ["serve-health-aggregator"]
     ports = {port["name"]: port["containerPort"] for port in container["ports"]}
     assert ports == {"grpc": 50051, "metrics": 9090}
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-        assert container[probe]["grpc"] == {"port": 50051}, probe
+    # Readiness: the leader only (service ""); startup and liveness: any running replica.
+    assert container["readinessProbe"]["grpc"] == {"port": 50051}
+    for probe in ("startupProbe", "livenessProbe"):
+        assert container[probe]["grpc"] == {"port": 50051, "service": LIVENESS}, probe
+    assert env_value(container, "SERVE_HEALTH_LEADER_ELECT") == "true"
+    env = env_of(container)
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
     resources = container["resources"]
     assert set(resources["requests"]) == set(resources["limits"]) == {"cpu", "memory"}
     assert pod["spec"]["serviceAccountName"] == AGGREGATOR

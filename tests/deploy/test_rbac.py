@@ -2,11 +2,12 @@
 
 All Kubernetes API calls go through two classes: ``KubeClient`` (servehealth_common/kube/client.py,
 the reads: all the DaemonSet agent may do) and its subclass ``KubeApi`` (aggregator/kube/api.py,
-the aggregator's writes on top). The table below names each of their public methods and the
-permissions it needs. The tests check that the table covers every public method (a new one
-fails until it is added), that each method's ``self.core.<call>`` agrees with the permissions
-the table gives it, that nothing else in the code calls the API, and that each ClusterRole is
-exactly the union for its component.
+the aggregator's writes and token reviews on top). The table below names each of their public
+methods and the permissions it needs. The tests check that the table covers every public method
+(a new one fails until it is added), that each method's ``self.<api>.<call>`` (``api`` one of
+``API_OBJECTS``: ``core`` is CoreV1Api, ...) agrees with the permissions the table gives it,
+that nothing else in the code calls the API, and that each ClusterRole is exactly the union for
+its component.
 """
 
 from __future__ import annotations
@@ -37,6 +38,22 @@ CALLS: dict[str, set[Permission]] = {
     "patch_pod": {("", "pods", "patch")},
     "patch_pod_status": {("", "pods/status", "patch")},
     "create_event": {("", "events", "create")},
+    # KubeApi: agent authentication (--auth tokenreview); tokenreviews are cluster-scoped.
+    "review_token": {("authentication.k8s.io", "tokenreviews", "create")},
+    # KubeApi: leader election (--leader-elect), one Lease in the aggregator's own namespace.
+    "get_lease": {("coordination.k8s.io", "leases", "get")},
+    "create_lease": {("coordination.k8s.io", "leases", "create")},
+    "replace_lease": {("coordination.k8s.io", "leases", "update")},
+}
+# Resources the aggregator uses only in its own namespace: granted by a Role there (least
+# privilege), not by the ClusterRole.
+OWN_NAMESPACE = {("coordination.k8s.io", "leases")}
+AGGREGATOR = "ray-serve-health-aggregator"
+# The client attributes holding kubernetes.client API objects: attribute -> (API group, class).
+API_OBJECTS: dict[str, tuple[str, str]] = {
+    "core": ("", "CoreV1Api"),
+    "authentication": ("authentication.k8s.io", "AuthenticationV1Api"),
+    "coordination": ("coordination.k8s.io", "CoordinationV1Api"),
 }
 # The modules allowed to touch the client's API objects.
 API_MODULES = {
@@ -46,10 +63,10 @@ API_MODULES = {
 SOURCES = ["aggregator", "node_agent", "servehealth_common"]
 # Building a kubernetes.client API object (CoreV1Api, CustomObjectsApi, ...; not our KubeApi).
 API_OBJECT = r"\b(?!KubeApi\b)[A-Z]\w*Api\("
-# A CoreV1Api call through a ``core`` attribute (the aggregator's Core has other methods).
-CORE_CALL = r"\.core\.(?:list|read|patch|create|replace|delete|connect)_\w+"
-VERBS = {"read": "get", "list": "list", "patch": "patch", "create": "create"}
-VERBS_NOT_USED = {"replace": "update", "delete": "delete", "connect": "connect"}
+# An API call through one of those attributes (the aggregator's Core has other methods).
+API_CALL = rf"\.(?:{'|'.join(API_OBJECTS)})\.(?:list|read|patch|create|replace|delete|connect)_\w+"
+VERBS = {"read": "get", "list": "list", "patch": "patch", "create": "create", "replace": "update"}
+VERBS_NOT_USED = {"delete": "delete", "connect": "connect"}
 
 
 def public_methods(cls: type) -> set[str]:
@@ -65,9 +82,10 @@ def needed(cls: type) -> set[Permission]:
 
 
 def derived(method: object) -> set[Permission]:
-    """Permissions read off a method's ``self.core.<call>`` names (kubernetes.client.CoreV1Api):
-    ``read_namespaced_pod`` is pods get, ``patch_namespaced_pod_status`` pods/status patch, and
-    a ``list_*`` call becomes a watch when the method passes ``watch=True``."""
+    """Permissions read off a method's ``self.<api>.<call>`` names (``API_OBJECTS``):
+    ``core.read_namespaced_pod`` is pods get, ``core.patch_namespaced_pod_status`` pods/status
+    patch, ``authentication.create_token_review`` tokenreviews create in authentication.k8s.io,
+    and a ``list_*`` call becomes a watch when the method passes ``watch=True``."""
     tree = ast.parse(textwrap.dedent(inspect.getsource(method)))  # type: ignore[arg-type]
     watches = any(
         (isinstance(node, ast.keyword) and node.arg == "watch")
@@ -82,28 +100,33 @@ def derived(method: object) -> set[Permission]:
         if not (
             isinstance(node, ast.Attribute)
             and isinstance(node.value, ast.Attribute)
-            and node.value.attr == "core"
+            and node.value.attr in API_OBJECTS
         ):
             continue
+        group = API_OBJECTS[node.value.attr][0]
         match = re.fullmatch(
             r"(?P<verb>[a-z]+)_(?:namespaced_)?(?P<kind>[a-z_]+?)(?P<all>_for_all_namespaces)?",
             node.attr,
         )
-        assert match, f"unexpected CoreV1Api call {node.attr}"
+        assert match, f"unexpected API call {node.value.attr}.{node.attr}"
         verb = match["verb"]
         assert verb in VERBS, f"{node.attr}: verb {verb!r} ({VERBS_NOT_USED.get(verb)}) not tabled"
         kind = match["kind"]
         subresource = ""
         if kind.endswith("_status"):
             kind, subresource = kind.removesuffix("_status"), "/status"
-        resource = kind + "s" + subresource
-        found.add(("", resource, "watch" if verb == "list" and watches else VERBS[verb]))
+        resource = kind.replace("_", "") + "s" + subresource  # token_review: tokenreviews
+        found.add((group, resource, "watch" if verb == "list" and watches else VERBS[verb]))
     return found
 
 
-def granted(directory: str, name: str) -> set[Permission]:
-    objects = render(directory)
-    role = find(objects, "ClusterRole", name)
+def split(permissions: set[Permission]) -> tuple[set[Permission], set[Permission]]:
+    """(cluster-wide, own namespace) parts of ``permissions``, see ``OWN_NAMESPACE``."""
+    own = {p for p in permissions if (p[0], p[1]) in OWN_NAMESPACE}
+    return permissions - own, own
+
+
+def rules_of(role: dict) -> set[Permission]:
     permissions = set()
     for rule in role["rules"]:
         assert "*" not in rule["apiGroups"] + rule["resources"] + rule["verbs"], rule
@@ -112,15 +135,44 @@ def granted(directory: str, name: str) -> set[Permission]:
         for group in rule["apiGroups"]:
             for resource in rule["resources"]:
                 permissions |= {(group, resource, verb) for verb in rule["verbs"]}
-    binding = find(objects, "ClusterRoleBinding", name)
+    return permissions
+
+
+def bound(objects: list[dict], kind: str, name: str) -> dict:
+    """The (Cluster)Role ``name``, after checking that a binding of the same name gives it to
+    the ServiceAccount ``name`` and nobody else."""
+    role = find(objects, kind, name)
+    binding = find(objects, f"{kind}Binding", name)
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",
-        "kind": "ClusterRole",
+        "kind": kind,
         "name": name,
     }
     assert [(s["kind"], s["name"]) for s in binding["subjects"]] == [("ServiceAccount", name)]
-    assert not any(o["kind"] in {"Role", "RoleBinding"} for o in objects), "unexpected Role"
-    return permissions
+    return role
+
+
+def granted(directory: str, name: str) -> set[Permission]:
+    """What the ClusterRole ``name`` grants (cluster-wide)."""
+    return rules_of(bound(render(directory), "ClusterRole", name))
+
+
+def granted_in_own_namespace(directory: str, name: str) -> set[Permission]:
+    """What the Role ``name`` grants in its namespace (none: no Role). Only the aggregator
+    has a Role, and it lives where the aggregator (its ServiceAccount) does."""
+    objects = render(directory)
+    namespaced = [o for o in objects if o["kind"] in {"Role", "RoleBinding"}]
+    assert {o["metadata"]["name"] for o in namespaced} <= {AGGREGATOR}, "unexpected Role"
+    if not any(o["kind"] == "Role" and o["metadata"]["name"] == name for o in objects):
+        return set()
+    role = bound(objects, "Role", name)
+    binding = find(objects, "RoleBinding", name)
+    account = find(objects, "ServiceAccount", name)
+    namespace = account["metadata"].get("namespace")
+    assert role["metadata"].get("namespace") == binding["metadata"].get("namespace") == namespace
+    if namespace:  # an overlay's: the subject is the ServiceAccount in that same namespace
+        assert binding["subjects"][0].get("namespace") == namespace
+    return rules_of(role)
 
 
 @pytest.mark.parametrize("cls", [KubeClient, KubeApi], ids=lambda c: c.__name__)
@@ -152,30 +204,45 @@ def test_no_other_module_calls_the_api() -> None:
             if relative in API_MODULES:
                 continue
             text = path.read_text()
-            for pattern in (API_OBJECT, r"\bApiClient\(", r"\bDynamicClient\(", CORE_CALL):
+            for pattern in (API_OBJECT, r"\bApiClient\(", r"\bDynamicClient\(", API_CALL):
                 offenders += [f"{relative}: {m}" for m in re.findall(pattern, text)]
     assert not offenders, offenders
 
 
-def test_the_client_builds_only_the_core_api() -> None:
-    """``derived`` reads CoreV1Api names; another API object would need its own reading."""
+def test_the_clients_build_only_the_tabled_api_objects() -> None:
+    """``derived`` reads the calls of the API objects in ``API_OBJECTS``; another would need
+    its own entry there (and its group's rules in the roles)."""
     text = (ROOT / "servehealth_common/kube/client.py").read_text()
     assert re.findall(API_OBJECT, text) == ["CoreV1Api("]
-    assert not re.findall(API_OBJECT, (ROOT / "aggregator/kube/api.py").read_text())
+    tabled = {f"{name}(" for _, name in API_OBJECTS.values()}
+    assert set(re.findall(API_OBJECT, (ROOT / "aggregator/kube/api.py").read_text())) <= tabled
 
 
 def test_aggregator_role_is_exactly_what_its_code_calls() -> None:
-    assert granted("deploy/base/aggregator", "ray-serve-health-aggregator") == needed(KubeApi)
+    cluster, own = split(needed(KubeApi))
+    assert own == {
+        ("coordination.k8s.io", "leases", "get"),
+        ("coordination.k8s.io", "leases", "create"),
+        ("coordination.k8s.io", "leases", "update"),
+    }
+    assert granted("deploy/base/aggregator", AGGREGATOR) == cluster
+    assert granted_in_own_namespace("deploy/base/aggregator", AGGREGATOR) == own
 
 
 def test_agent_role_is_exactly_what_its_client_calls() -> None:
     permissions = granted("deploy/base/agent-daemonset", "ray-serve-health-agent")
     assert permissions == needed(KubeClient) == {("", "pods", "list"), ("", "pods", "watch")}
+    assert (
+        granted_in_own_namespace("deploy/base/agent-daemonset", "ray-serve-health-agent") == set()
+    )
 
 
 @pytest.mark.parametrize(
     "directory", ["deploy/overlays/label-mode", "deploy/overlays/readiness-gate-mode"]
 )
 def test_overlays_keep_the_roles(directory: str) -> None:
-    assert granted(directory, "ray-serve-health-aggregator") == needed(KubeApi)
+    cluster, own = split(needed(KubeApi))
+    assert granted(directory, AGGREGATOR) == cluster
+    assert granted_in_own_namespace(directory, AGGREGATOR) == own
     assert granted(directory, "ray-serve-health-agent") == needed(KubeClient)
+    assert granted_in_own_namespace(directory, "ray-serve-health-agent") == set()

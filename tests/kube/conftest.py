@@ -54,8 +54,13 @@ def kubeconfig_path(kube_emulator: KubeEmulator, tmp_path: pathlib.Path) -> path
 
 
 @pytest.fixture
-def start_kube(start_aggregator: StartAggregator, kubeconfig_path: pathlib.Path) -> StartAggregator:
-    """Start an aggregator on the emulator: ``await start_kube(clock=..., **settings)``."""
+def start_kube(kubeconfig_path: pathlib.Path, start_aggregator: StartAggregator) -> StartAggregator:
+    """Start an aggregator on the emulator: ``await start_kube(clock=..., **settings)``.
+
+    The emulator is set up first (``kubeconfig_path`` before ``start_aggregator``), so that it
+    is torn down last: an emulator closed under a running aggregator sees its watch come back,
+    and waits for it (aiohttp's 60 s shutdown timeout).
+    """
 
     async def start(**overrides: Any) -> Aggregator:
         settings = {"kube_backend": "kubernetes", "kubeconfig": str(kubeconfig_path), **overrides}

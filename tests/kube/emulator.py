@@ -44,6 +44,16 @@ docstring invites) adds it, following the documented API semantics
 - Resources served: ``v1/pods`` (with ``status``), ``v1/events``, ``events.k8s.io/v1/events``,
   ``coordination.k8s.io/v1/leases``; declare more with ``emulator.resources[...] =
   kmock.ResourceInfo(kind=..., namespaced=True)``.
+- ``authentication.k8s.io/v1/tokenreviews`` (create only, nothing stored), answering as the API
+  server does for the projected ServiceAccount tokens ``issue_token`` mints (JWT-shaped, with
+  ``aud``, ``exp``, ``iat``, ``nbf``, ``jti`` and the ``kubernetes.io`` pod/node claims): an
+  unknown, expired or wrong-audience token, or one whose bound pod is gone (or was replaced),
+  is a 201 answer with no ``authenticated`` and an ``error``; a good one has ``authenticated:
+  true``, ``audiences`` (the requested ones the token has; the API server's own when none were
+  requested), and ``user`` with ``system:serviceaccount:<ns>:<name>``, the ServiceAccount
+  groups and the ``authentication.kubernetes.io/{credential-id,pod-name,pod-uid,node-name,
+  node-uid}`` extras (node ones since Kubernetes 1.30); an empty ``spec.token`` is 400.
+  ``wall_clock`` (default ``time.time``) is what tokens expire by.
 - Test-side helpers: direct store access that bypasses HTTP but still emits watch events
   (``add_pod``, ``modify_pod``, ...), request accounting with arrival times (``requests()``),
   event-driven waiting (``wait_until``, ``wait_for_watches``), and fault injection built on
@@ -51,7 +61,9 @@ docstring invites) adds it, following the documented API semantics
   is the one fault the DSL cannot express, as watches are served by the emulator, not by a
   reaction).
 
-Known differences from a real API server: no authentication/authorization/admission/validation;
+Known differences from a real API server: no authentication/authorization/admission/validation
+of the emulator's own clients (TokenReview checks only the tokens it issued, and no
+ServiceAccount objects exist: a token's ServiceAccount is taken as given);
 DELETE is immediate (no grace period, no finalizers); ``v1`` and ``events.k8s.io/v1`` events are
 two separate stores; a list with a ``resourceVersion`` newer than the current one answers 504 at
 once (the server first waits up to 3 s); a watch from a future resourceVersion simply waits;
@@ -70,6 +82,8 @@ import base64
 import contextlib
 import copy
 import datetime
+import hashlib
+import hmac
 import json
 import pathlib
 import re
@@ -77,6 +91,7 @@ import secrets
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from time import time as _unix_time
 from types import EllipsisType
 from typing import Any
 
@@ -93,6 +108,12 @@ PODS = kmock.resource("", "v1", "pods")
 EVENTS = kmock.resource("", "v1", "events")
 EVENTS_V1 = kmock.resource("events.k8s.io", "v1", "events")
 LEASES = kmock.resource("coordination.k8s.io", "v1", "leases")
+TOKENREVIEWS = kmock.resource("authentication.k8s.io", "v1", "tokenreviews")
+
+#: The audience of tokens meant for the API server itself (``kubectl create token`` without
+#: ``--audience``), and the issuer of every token.
+API_AUDIENCE = "https://kubernetes.default.svc.cluster.local"
+TOKEN_ISSUER = "https://kubernetes.default.svc.cluster.local"
 
 ANY: EllipsisType = ...  # "any value" in filters, as in kmock's own criteria
 
@@ -660,6 +681,87 @@ def _as_resource(resource: str | kmock.resource) -> kmock.resource:
 
 
 # --------------------------------------------------------------------------------------------
+# ServiceAccount tokens (k8s.io/kubernetes/pkg/serviceaccount: claims.go, jwt.go).
+
+
+@dataclass(frozen=True)
+class IssuedToken:
+    """What the emulator knows of a token it issued (``KubeEmulator.issue_token``)."""
+
+    namespace: str
+    service_account: str
+    audiences: tuple[str, ...]
+    issued_at: int  # seconds since the epoch (``iat``, ``nbf``)
+    expires_at: int  # ``exp``
+    jti: str
+    pod_name: str | None = None
+    pod_uid: str | None = None
+    node_name: str | None = None
+    node_uid: str | None = None
+
+    @property
+    def username(self) -> str:
+        return f"system:serviceaccount:{self.namespace}:{self.service_account}"
+
+    def claims(self) -> dict[str, Any]:
+        """The JWT claims of a projected token, as the API server writes them."""
+        private: dict[str, Any] = {
+            "namespace": self.namespace,
+            "serviceaccount": {
+                "name": self.service_account,
+                "uid": service_account_uid(self.namespace, self.service_account),
+            },
+        }
+        if self.pod_name is not None:
+            private["pod"] = {"name": self.pod_name, "uid": self.pod_uid}
+        if self.node_name is not None:
+            private["node"] = {"name": self.node_name, "uid": self.node_uid}
+        return {
+            "aud": list(self.audiences),
+            "exp": self.expires_at,
+            "iat": self.issued_at,
+            "nbf": self.issued_at,
+            "iss": TOKEN_ISSUER,
+            "jti": self.jti,
+            "sub": self.username,
+            "kubernetes.io": private,
+        }
+
+    def user(self) -> dict[str, Any]:
+        """``status.user`` of a successful review."""
+        extra = {"authentication.kubernetes.io/credential-id": [f"JTI={self.jti}"]}
+        if self.pod_name is not None:
+            extra["authentication.kubernetes.io/pod-name"] = [self.pod_name]
+            extra["authentication.kubernetes.io/pod-uid"] = [self.pod_uid or ""]
+        if self.node_name is not None:
+            extra["authentication.kubernetes.io/node-name"] = [self.node_name]
+            extra["authentication.kubernetes.io/node-uid"] = [self.node_uid or ""]
+        return {
+            "username": self.username,
+            "uid": service_account_uid(self.namespace, self.service_account),
+            "groups": [
+                "system:serviceaccounts",
+                f"system:serviceaccounts:{self.namespace}",
+                "system:authenticated",
+            ],
+            "extra": extra,
+        }
+
+
+def service_account_uid(namespace: str, name: str) -> str:
+    """A stable uid for a ServiceAccount the emulator does not store."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"serviceaccount/{namespace}/{name}"))
+
+
+def node_uid(name: str) -> str:
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"node/{name}"))
+
+
+def _b64url(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+# --------------------------------------------------------------------------------------------
 # The emulator.
 
 
@@ -744,6 +846,10 @@ class KubeEmulator(kmock.KubernetesEmulator):
     merge_keys: dict[kmock.resource, Mapping[tuple[str, ...], str]] = attrs.field(
         factory=lambda: {PODS: POD_MERGE_KEYS}, init=False
     )
+    #: What issued tokens expire by (seconds since the epoch); replace it to expire them.
+    wall_clock: Callable[[], float] = _unix_time
+    _tokens: dict[str, IssuedToken] = attrs.field(factory=dict, init=False)
+    _signing_key: bytes = attrs.field(factory=lambda: secrets.token_bytes(32), init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()  # kmock's discovery and LIST/WATCH/FETCH/... fallbacks
@@ -778,6 +884,9 @@ class KubeEmulator(kmock.KubernetesEmulator):
         )
         self.resources[LEASES] = kmock.ResourceInfo(
             kind="Lease", singular="lease", namespaced=True, verbs=verbs
+        )
+        self.resources[TOKENREVIEWS] = kmock.ResourceInfo(
+            kind="TokenReview", singular="", namespaced=False, verbs={"create"}
         )
 
     # ---- plumbing -----------------------------------------------------------------------
@@ -1072,6 +1181,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
 
     async def _serve_create(self, request: kmock.Request) -> Any:
         resource, info = self._info(request)
+        if resource == TOKENREVIEWS:
+            return self._serve_token_review(request)
         if request.name is not None or not isinstance(request.data, Mapping):
             raise _bad_request("the body of the request must be an object")
         obj = copy.deepcopy(dict(request.data))
@@ -1335,6 +1446,107 @@ class KubeEmulator(kmock.KubernetesEmulator):
         for watch in self._watches:
             watch.queue.put_nowait(_Bookmark(self._rv))
         return sum(1 for watch in self._watches if watch.bookmarks)
+
+    # ---- ServiceAccount tokens and TokenReview -------------------------------------------------
+
+    def issue_token(
+        self,
+        namespace: str,
+        service_account: str,
+        *,
+        pod: str | None = None,
+        node: str | None = None,
+        audiences: Sequence[str] = ("ray-serve-health",),
+        expires_in: float = 3600.0,
+    ) -> str:
+        """A projected ServiceAccount token (what the kubelet writes in a ``serviceAccountToken``
+        volume, or ``kubectl create token``), which TokenReview then vouches for.
+
+        ``pod``: bound to that pod of ``namespace``, which must exist; the token names its uid
+        and, once scheduled, its node (as Kubernetes 1.30+ does). ``node``: bound to a node
+        instead (no pod). ``expires_in`` is counted from ``wall_clock()`` (negative: already
+        expired); ``exp`` is whole seconds.
+        """
+        now = self.wall_clock()
+        pod_uid = node_name = None
+        if pod is not None:
+            stored = self.pod(namespace, pod)
+            if stored is None:
+                raise KeyError(f"cannot bind a token to pod {namespace}/{pod}: no such pod")
+            bound_account = (stored.get("spec") or {}).get("serviceAccountName")
+            if bound_account and bound_account != service_account:
+                raise ValueError(
+                    f"cannot bind a token for serviceaccount {service_account} to pod {pod} "
+                    f"running with serviceaccount {bound_account}"
+                )
+            pod_uid = stored["metadata"]["uid"]
+            node_name = (stored.get("spec") or {}).get("nodeName") or None
+            if node is not None:
+                raise ValueError("a token is bound to a pod or to a node, not both")
+        elif node is not None:
+            node_name = node
+        issued = IssuedToken(
+            namespace=namespace,
+            service_account=service_account,
+            audiences=tuple(audiences),
+            issued_at=int(now),
+            expires_at=int(now + expires_in),
+            jti=str(uuid.uuid4()),
+            pod_name=pod,
+            pod_uid=pod_uid,
+            node_name=node_name,
+            node_uid=node_uid(node_name) if node_name else None,
+        )
+        header = _b64url(
+            json.dumps({"alg": "RS256", "kid": "kmock"}, separators=(",", ":")).encode()
+        )
+        payload = _b64url(json.dumps(issued.claims(), separators=(",", ":")).encode())
+        signed = f"{header}.{payload}".encode()
+        signature = _b64url(hmac.new(self._signing_key, signed, hashlib.sha256).digest())
+        token = f"{header}.{payload}.{signature}"
+        self._tokens[token] = issued
+        return token
+
+    def issued(self, token: str) -> IssuedToken | None:
+        """What the emulator issued as ``token`` (None: not one of its tokens)."""
+        return self._tokens.get(token)
+
+    def review(self, token: str, audiences: Sequence[str] = ()) -> dict[str, Any]:
+        """The ``status`` a TokenReview of ``token`` for ``audiences`` answers (no HTTP)."""
+        issued = self._tokens.get(token)
+        if issued is None:
+            return _review_failure("token lookup failed")
+        if issued.expires_at <= self.wall_clock():
+            return _review_failure("service account token has expired")
+        wanted = list(audiences) or [API_AUDIENCE]
+        common = [audience for audience in wanted if audience in issued.audiences]
+        if not common:
+            return _review_failure(
+                f"token audiences {json.dumps(list(issued.audiences))} is invalid for the "
+                f"target audiences {json.dumps(wanted)}"
+            )
+        if issued.pod_name is not None:
+            pod = self.pod(issued.namespace, issued.pod_name)
+            if pod is None or pod["metadata"].get("uid") != issued.pod_uid:
+                return _review_failure("service account token has been invalidated")
+        return {"authenticated": True, "audiences": common, "user": issued.user()}
+
+    def _serve_token_review(self, request: kmock.Request) -> Any:
+        body = request.data
+        if not isinstance(body, Mapping):
+            raise _bad_request("the body of the request must be a TokenReview")
+        spec = body.get("spec") or {}
+        token = spec.get("token") or ""
+        if not token:
+            raise _bad_request("token is required for TokenReview in authentication")
+        review = {
+            "kind": "TokenReview",
+            "apiVersion": api_version_of(TOKENREVIEWS),
+            "metadata": {"creationTimestamp": None},
+            "spec": copy.deepcopy(dict(spec)),
+            "status": self.review(token, spec.get("audiences") or ()),
+        }
+        return kmock.Response(status=201, payload=review)
 
     # ---- pods ----------------------------------------------------------------------------------
 
@@ -1615,6 +1827,12 @@ class KubeEmulator(kmock.KubernetesEmulator):
         faults = {id(reaction) for reaction in self._faults}
         self._payloads[:] = [p for p in self._payloads if id(p) not in faults]
         self._faults.clear()
+
+
+def _review_failure(reason: str) -> dict[str, Any]:
+    """The status of a TokenReview that did not authenticate (``authenticated`` is omitted when
+    false, as in the API server's JSON)."""
+    return {"user": {}, "error": f"[invalid bearer token, {reason}]"}
 
 
 _REASONS = {

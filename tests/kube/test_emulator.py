@@ -4,10 +4,11 @@ Covers every extension of kmock's emulator in ``tests/kube/emulator.py``: label 
 selectors, resourceVersion ordering, watches (resume from a resourceVersion, 410 Expired after
 compaction, selector transitions, timeouts, bookmarks, dropped connections), strategic/JSON merge
 and JSON patches of labels, the pod ``status`` subresource with conditions merged by type, 409 on
-a stale resourceVersion, 404 Status bodies, events (v1 and events.k8s.io/v1), leases, the fault
-helpers built on kmock's DSL, request accounting, the store helpers and the kubeconfig fixture.
-All calls go over real HTTP on 127.0.0.1 through ``kubernetes.client``, run in threads because the
-client is synchronous and the emulator serves on the test's event loop.
+a stale resourceVersion, 404 Status bodies, events (v1 and events.k8s.io/v1), leases, issued
+ServiceAccount tokens and their TokenReviews, the fault helpers built on kmock's DSL, request
+accounting, the store helpers and the kubeconfig fixture. All calls go over real HTTP on
+127.0.0.1 through ``kubernetes.client``, run in threads because the client is synchronous and
+the emulator serves on the test's event loop.
 """
 
 from __future__ import annotations
@@ -24,16 +25,19 @@ import urllib3
 from kubernetes import watch
 from kubernetes.client import ApiException
 
+from servehealth_common.tokens import jwt_claims
 from tests.kube.emulator import (
     LEASES,
     POD_MERGE_KEYS,
     PODS,
+    TOKENREVIEWS,
     ApiCall,
     KubeEmulator,
     SelectorError,
     json_merge_patch,
     labels_match,
     make_pod,
+    node_uid,
     parse_label_selector,
     peak_count,
     status_body,
@@ -823,6 +827,146 @@ async def test_leases_create_read_replace_with_optimistic_concurrency(
     with pytest.raises(ApiException) as raised:
         await asyncio.to_thread(api.replace_namespaced_lease, "nobody", "ray", theirs)
     assert raised.value.status == 404
+
+
+# ---- ServiceAccount tokens and TokenReview ---------------------------------------------------
+
+
+def _review(api: kubernetes.client.AuthenticationV1Api, token: str, *audiences: str) -> Any:
+    body = kubernetes.client.V1TokenReview(
+        spec=kubernetes.client.V1TokenReviewSpec(token=token, audiences=list(audiences) or None)
+    )
+    return api.create_token_review(body, _request_timeout=10)
+
+
+@pytest.fixture
+def authentication(
+    kube_api_client: kubernetes.client.ApiClient,
+) -> kubernetes.client.AuthenticationV1Api:
+    return kubernetes.client.AuthenticationV1Api(kube_api_client)
+
+
+async def test_token_review_names_the_service_account_pod_and_node_of_a_bound_token(
+    kube_emulator: KubeEmulator, authentication: kubernetes.client.AuthenticationV1Api
+) -> None:
+    pod = kube_emulator.add_pod("ray", "worker-a", node_name="node-7")
+    token = kube_emulator.issue_token("ray", "default", pod="worker-a")
+    claims = jwt_claims(token)
+    assert claims is not None
+    assert claims["aud"] == ["ray-serve-health"]
+    assert claims["exp"] - claims["iat"] == 3600
+    assert claims["sub"] == "system:serviceaccount:ray:default"
+    assert claims["kubernetes.io"]["pod"] == {"name": "worker-a", "uid": pod["metadata"]["uid"]}
+    assert claims["kubernetes.io"]["node"]["name"] == "node-7"
+
+    review = await asyncio.to_thread(_review, authentication, token, "ray-serve-health", "other")
+    assert review.kind == "TokenReview"
+    status = review.status
+    assert status.authenticated is True
+    assert status.error is None
+    assert status.audiences == ["ray-serve-health"]  # the requested ones the token has
+    assert status.user.username == "system:serviceaccount:ray:default"
+    assert status.user.groups == [
+        "system:serviceaccounts",
+        "system:serviceaccounts:ray",
+        "system:authenticated",
+    ]
+    extra = status.user.extra
+    assert extra["authentication.kubernetes.io/pod-name"] == ["worker-a"]
+    assert extra["authentication.kubernetes.io/pod-uid"] == [pod["metadata"]["uid"]]
+    assert extra["authentication.kubernetes.io/node-name"] == ["node-7"]
+    assert extra["authentication.kubernetes.io/node-uid"] == [node_uid("node-7")]
+    assert extra["authentication.kubernetes.io/credential-id"] == [f"JTI={claims['jti']}"]
+    [call] = kube_emulator.requests(resource=TOKENREVIEWS)
+    assert (call.method, call.verb, call.group, call.namespace) == (
+        "POST",
+        "create",
+        "authentication.k8s.io",
+        None,
+    )
+    assert kube_emulator.list_objects(TOKENREVIEWS) == []  # reviews are not stored
+
+
+async def test_token_bound_to_no_pod_or_to_a_node(
+    kube_emulator: KubeEmulator, authentication: kubernetes.client.AuthenticationV1Api
+) -> None:
+    plain = kube_emulator.issue_token("ops", "viewer")
+    on_node = kube_emulator.issue_token("ops", "viewer", node="node-3")
+    review = await asyncio.to_thread(_review, authentication, plain, "ray-serve-health")
+    assert review.status.authenticated is True
+    assert set(review.status.user.extra) == {"authentication.kubernetes.io/credential-id"}
+    review = await asyncio.to_thread(_review, authentication, on_node, "ray-serve-health")
+    assert review.status.user.extra["authentication.kubernetes.io/node-name"] == ["node-3"]
+    assert "authentication.kubernetes.io/pod-name" not in review.status.user.extra
+
+
+async def test_token_review_refusals_are_answers_not_errors(
+    kube_emulator: KubeEmulator, authentication: kubernetes.client.AuthenticationV1Api
+) -> None:
+    """Unknown, expired, wrong-audience and invalidated tokens: 201 with authenticated unset
+    and an error, as the API server answers them."""
+    kube_emulator.add_pod("ray", "a")
+    kube_emulator.add_pod("ray", "b")
+    now = [1_800_000_000.0]
+    kube_emulator.wall_clock = lambda: now[0]
+    expiring = kube_emulator.issue_token("ray", "default", pod="a", expires_in=60)
+    other_audience = kube_emulator.issue_token("ray", "default", pod="a", audiences=["vault"])
+    deleted = kube_emulator.issue_token("ray", "default", pod="b")
+    replaced = kube_emulator.issue_token("ray", "default", pod="a")
+    kube_emulator.delete_pod("ray", "b")
+
+    async def error_of(token: str, *audiences: str) -> str:
+        review = await asyncio.to_thread(_review, authentication, token, *audiences)
+        assert review.status.authenticated is None
+        assert review.status.user.username is None
+        return review.status.error
+
+    assert (
+        await error_of("x.y.z", "ray-serve-health") == "[invalid bearer token, token lookup failed]"
+    )
+    assert "is invalid for the target audiences" in await error_of(
+        other_audience, "ray-serve-health"
+    )
+    # Without audiences, the API server's own is meant: a ray-serve-health token is not for it.
+    assert "kubernetes.default.svc" in await error_of(expiring)
+    assert "invalidated" in await error_of(deleted, "ray-serve-health")
+    now[0] += 60
+    assert "has expired" in await error_of(expiring, "ray-serve-health")
+    kube_emulator.delete_pod("ray", "a")
+    kube_emulator.add_pod("ray", "a")  # same name, new uid: the old pod's token is void
+    assert "invalidated" in await error_of(replaced, "ray-serve-health")
+
+    with pytest.raises(ApiException) as raised:
+        await asyncio.to_thread(_review, authentication, "", "ray-serve-health")
+    assert raised.value.status == 400
+    assert "token is required" in _status_of(raised.value)["message"]
+
+
+def test_tokens_are_issued_only_for_existing_pods_of_their_service_account(
+    kube_emulator: KubeEmulator,
+) -> None:
+    with pytest.raises(KeyError, match="no such pod"):
+        kube_emulator.issue_token("ray", "default", pod="missing")
+    kube_emulator.add_pod("ray", "sa-pod")
+    kube_emulator.modify_pod("ray", "sa-pod", patch={"spec": {"serviceAccountName": "runner"}})
+    with pytest.raises(ValueError, match="running with serviceaccount runner"):
+        kube_emulator.issue_token("ray", "default", pod="sa-pod")
+    assert kube_emulator.issue_token("ray", "runner", pod="sa-pod")
+    with pytest.raises(ValueError, match="not both"):
+        kube_emulator.issue_token("ray", "runner", pod="sa-pod", node="n1")
+
+
+async def test_token_reviews_fail_through_the_dsl_like_any_request(
+    kube_emulator: KubeEmulator, authentication: kubernetes.client.AuthenticationV1Api
+) -> None:
+    token = kube_emulator.issue_token("ops", "viewer")
+    fault = kube_emulator.fail_next(1, status=500, resource=TOKENREVIEWS)
+    with pytest.raises(ApiException) as raised:
+        await asyncio.to_thread(_review, authentication, token, "ray-serve-health")
+    assert raised.value.status == 500
+    assert len(fault) == 1
+    review = await asyncio.to_thread(_review, authentication, token, "ray-serve-health")
+    assert review.status.authenticated is True
 
 
 # ---- faults ---------------------------------------------------------------------------------

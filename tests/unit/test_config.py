@@ -55,7 +55,7 @@ def test_agent_defaults() -> None:
     assert settings.confirm_delay == 0.1
     assert settings.mode == "sidecar"
     assert settings.connect_timeout == 5.0
-    assert settings.reconnect_max == 10.0
+    assert settings.reconnect_max == 2.0
     assert settings.log_level == "info"
 
 

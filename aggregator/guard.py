@@ -1,0 +1,236 @@
+"""The gRPC side of authentication: a call's bearer token in, an identity or a status out.
+
+:mod:`aggregator.auth` decides; this adapter reads the ``authorization: Bearer <token>`` call
+metadata, ends a refused call with its status (UNAUTHENTICATED, PERMISSION_DENIED, or
+UNAVAILABLE when the TokenReview API could not answer: the agent retries), counts every
+decision in ``serve_health_auth_total`` and logs a refusal once per client address and kind
+(later ones at debug level), so that a misconfigured fleet does not flood the log.
+
+The check is per stream, never per message: a Report stream is checked once, after its hello,
+and ends (UNAUTHENTICATED, :data:`aggregator.auth.EXPIRED`) when its token expires, so that
+no stream outlives its token; an inspection call is checked when it starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+import grpc
+
+from aggregator.auth import (
+    DEFAULT_AUDIENCE,
+    EXPIRED,
+    AuthError,
+    Identity,
+    PermissionDenied,
+    ReviewUnavailable,
+    TokenReviewer,
+    Unauthenticated,
+    check_hello,
+    check_pod_node,
+)
+from aggregator.kube.api import KubeApi
+from aggregator.metrics import Metrics
+from aggregator.registry import PodRegistry
+from aggregator.services import peer_host
+from aggregator.settings import Settings
+from aggregator.tracker import PodKey
+from servehealth.v1 import servehealth_pb2 as pb
+from servehealth_common.kube.client import NoKubeConfig, load_configuration
+from servehealth_common.kube.errors import APIError
+
+log = logging.getLogger(__name__)
+
+AUTHORIZATION = "authorization"
+#: Threads (and connections) for TokenReview calls: a pool of their own, so that a reconnect
+#: storm of agents waits neither for nor in front of label writes.
+REVIEW_THREADS = 8
+#: Client addresses whose refusals were logged (least recently refused first out).
+LOGGED_PEERS = 1024
+
+CODES: Mapping[type[AuthError], grpc.StatusCode] = {
+    Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
+    PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
+    ReviewUnavailable: grpc.StatusCode.UNAVAILABLE,
+}
+
+
+def bearer_token(metadata: Sequence[tuple[str, Any]] | None) -> str:
+    """The token of the call's ``authorization: Bearer <token>`` metadata; Unauthenticated
+    without exactly one such entry."""
+    values = [value for key, value in metadata or () if key == AUTHORIZATION]
+    if not values:
+        raise Unauthenticated(
+            "no token: send the agent's ServiceAccount token as 'authorization: Bearer <token>' "
+            "call metadata (serve-health-agent --token-file)"
+        )
+    if len(values) > 1:
+        raise Unauthenticated("more than one authorization entry in the call metadata")
+    value = values[0].decode("ascii", "replace") if isinstance(values[0], bytes) else values[0]
+    scheme, _, token = str(value).strip().partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        raise Unauthenticated("the authorization metadata must be 'Bearer <token>'")
+    return token
+
+
+@dataclass(frozen=True, slots=True)
+class StreamGrant:
+    """A Report stream that may go on: whose it is, when it must end (the event loop's clock),
+    and the node a DaemonSet agent's pods must run on (None for a sidecar)."""
+
+    identity: Identity
+    deadline: float
+    node: str | None
+
+
+class Guard:
+    """Token checks for the gRPC services; every refusal ends the call (``context.abort``)."""
+
+    def __init__(
+        self,
+        reviewer: TokenReviewer,
+        metrics: Metrics,
+        pods: PodRegistry,
+        *,
+        node_agents: Collection[str] = (),
+        close: Callable[[], None] | None = None,
+    ) -> None:
+        self.reviewer = reviewer
+        self._metrics = metrics
+        self._pods = pods
+        self._node_agents = frozenset(node_agents)
+        self._close = close
+        self._logged: OrderedDict[tuple[str, str, str], None] = OrderedDict()
+
+    def close(self) -> None:
+        if self._close is not None:
+            self._close()
+
+    # -- the services' entry points -------------------------------------------------------
+
+    async def admit_stream(self, context: grpc.aio.ServicerContext, hello: pb.Hello) -> StreamGrant:
+        """The token of a Report stream, checked against its (valid) hello."""
+        try:
+            verified = await self.reviewer.verify(bearer_token(context.invocation_metadata()))
+            sidecar = hello.mode == pb.AGENT_MODE_SIDECAR
+            node = check_hello(
+                verified.identity,
+                sidecar=sidecar,
+                pod=(hello.pod.namespace, hello.pod.name) if sidecar else None,
+                pod_uid=hello.pod.uid,
+                node_name=hello.node_name,
+                node_agents=self._node_agents,
+                knows_nodes=self._pods.seeds_from_cluster,
+            )
+        except AuthError as error:
+            await self._refuse(context, "report", error)
+        self._metrics.auth.labels("report", "ok").inc()
+        log.debug("report stream from %s: %s", context.peer(), verified.identity)
+        return StreamGrant(verified.identity, verified.expires_at, node)
+
+    async def check_pod(self, context: grpc.aio.ServicerContext, node: str, key: PodKey) -> None:
+        """A DaemonSet agent of ``node`` names ``key`` for the first time on its stream."""
+        info = self._pods.pod(key)
+        try:
+            check_pod_node(node, str(key), info.node_name if info is not None else None)
+        except PermissionDenied as error:
+            await self._refuse(context, "report", error)
+
+    async def expired(self, context: grpc.aio.ServicerContext) -> NoReturn:
+        """End a Report stream whose token expired; the agent reconnects with its new one."""
+        self._metrics.auth.labels("report", "expired").inc()
+        log.debug("ending the report stream of %s: its token expired", context.peer())
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, EXPIRED)
+        raise AssertionError("unreachable")  # pragma: no cover - abort raises
+
+    async def admit_call(self, context: grpc.aio.ServicerContext, service: str) -> Identity:
+        """Any genuine token for our audience (inspection is read-only)."""
+        try:
+            verified = await self.reviewer.verify(bearer_token(context.invocation_metadata()))
+        except AuthError as error:
+            await self._refuse(context, service, error)
+        self._metrics.auth.labels(service, "ok").inc()
+        return verified.identity
+
+    # -- refusals -------------------------------------------------------------------------
+
+    async def _refuse(
+        self, context: grpc.aio.ServicerContext, service: str, error: AuthError
+    ) -> NoReturn:
+        code = CODES.get(type(error), grpc.StatusCode.UNAUTHENTICATED)
+        self._metrics.auth.labels(service, error.result).inc()
+        peer = context.peer()
+        key = (peer_host(peer), service, error.result)
+        if key in self._logged:
+            self._logged.move_to_end(key)
+            log.debug("refusing a %s call from %s: %s: %s", service, peer, code.name, error)
+        else:
+            self._logged[key] = None
+            if len(self._logged) > LOGGED_PEERS:
+                self._logged.popitem(last=False)
+            log.warning(
+                "refusing a %s call from %s: %s: %s (logged once per client address)",
+                service,
+                peer,
+                code.name,
+                error,
+            )
+        await context.abort(code, str(error))
+        raise AssertionError("unreachable")  # pragma: no cover - abort raises
+
+
+def make_guard(settings: Settings, metrics: Metrics, pods: PodRegistry) -> Guard | None:
+    """The guard the settings ask for (None when neither --auth nor --inspection-auth checks
+    tokens); NoKubeConfig when they do and no Kubernetes configuration is found."""
+    if settings.auth == "none":
+        log.warning(
+            "--auth none: any client that reaches the gRPC port may report for any pod and "
+            "move it in or out of service; use it only for local use, never in a cluster"
+        )
+    flags = [
+        flag
+        for flag, value in (
+            ("--auth", settings.auth),
+            ("--inspection-auth", settings.inspection_auth),
+        )
+        if value == "tokenreview"
+    ]
+    if not flags:
+        return None
+    try:
+        configuration = load_configuration(settings.kubeconfig)
+    except NoKubeConfig as error:
+        raise NoKubeConfig(
+            f"{' and '.join(f'{flag} tokenreview' for flag in flags)}: tokens are checked with "
+            f"the Kubernetes TokenReview API, and {error}; for local use without Kubernetes, "
+            f"pass {' '.join(f'{flag} none' for flag in flags)}"
+        ) from None
+    api = KubeApi(configuration, timeout=settings.kube_timeout, concurrency=REVIEW_THREADS)
+
+    async def review(token: str, audience: str) -> dict[str, Any]:
+        try:
+            return await api.review_token(token, audience)
+        except APIError as error:
+            raise ReviewUnavailable(
+                f"the Kubernetes API could not check the token ({error}); retry"
+            ) from None
+
+    reviewer = TokenReviewer(
+        review,
+        settings.auth_audience or DEFAULT_AUDIENCE,
+        metrics,
+        clock=asyncio.get_running_loop().time,
+    )
+    return Guard(
+        reviewer,
+        metrics,
+        pods,
+        node_agents=settings.auth_node_agent_service_account,
+        close=api.close,
+    )

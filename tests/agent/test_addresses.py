@@ -1,0 +1,128 @@
+"""An agent given several aggregator addresses (``--aggregator A,B``: replicas without a Service
+in front): it tries them in turn, moves on at once from a dead address or a standby (which
+refuses streams with UNAVAILABLE), backs off only after a whole round failed, and follows the
+leader when it goes away. Real gRPC servers on 127.0.0.1, a real fake proxy, real time but no
+waiting for backoffs (``--reconnect-max`` is long so that a backoff would show)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import grpc
+import pytest
+
+from aggregator.server import Aggregator
+from aggregator.services import STANDBY_MESSAGE
+from aggregator.tracker import PodKey
+from node_agent.agent import Agent
+from node_agent.identity import Identity
+from node_agent.settings import Settings
+from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
+from servehealth_common.probe import Prober, make_session
+from tests.conftest import StartAggregator, eventually
+from tests.fakes import FakeServeProxy, refused_port
+
+IDENTITY = Identity("ns", "pod-a", "uid-1", "node-1")
+KEY = PodKey("ns", "pod-a")
+
+
+class Standby(pb_grpc.ReportServiceServicer):
+    """Refuses every Report stream as a standby aggregator does, and counts them."""
+
+    def __init__(self) -> None:
+        self.streams = 0
+
+    async def Report(self, request_iterator: object, context: grpc.aio.ServicerContext) -> None:
+        self.streams += 1
+        await context.abort(grpc.StatusCode.UNAVAILABLE, STANDBY_MESSAGE)
+
+
+@pytest.fixture
+async def standby() -> AsyncIterator[tuple[Standby, int]]:
+    servicer = Standby()
+    server = grpc.aio.server()
+    pb_grpc.add_ReportServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    yield servicer, port
+    await server.stop(0)
+
+
+@contextlib.asynccontextmanager
+async def agent_for(proxy: FakeServeProxy, aggregator: str) -> AsyncIterator[Agent]:
+    async with make_session() as session:
+        settings = Settings(
+            aggregator=aggregator,
+            proxy_url=proxy.url,
+            token_file="",
+            reconnect_max=30.0,  # a backoff (up to 0.2 s at first, then more) would show
+        )
+        agent = Agent(settings, IDENTITY, Prober(session, settings.probe_timeout))
+        task = asyncio.create_task(agent.run(), name="agent")
+        try:
+            yield agent
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+def test_the_addresses_are_split_at_commas() -> None:
+    settings = Settings(aggregator="127.0.0.1:1, 127.0.0.2:2")
+    assert settings.aggregators == ("127.0.0.1:1", "127.0.0.2:2")
+    assert Settings(aggregator="agg:50051").aggregators == ("agg:50051",)
+    with pytest.raises(ValueError, match="empty address"):
+        Settings(aggregator="127.0.0.1:1,,127.0.0.2:2")
+
+
+async def test_a_dead_address_and_a_standby_are_skipped_at_once(
+    start_aggregator: StartAggregator, fake_proxy: FakeServeProxy, standby: tuple[Standby, int]
+) -> None:
+    servicer, standby_port = standby
+    leader = await start_aggregator()
+    addresses = f"127.0.0.1:{refused_port()},127.0.0.1:{standby_port},127.0.0.1:{leader.port}"
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    async with agent_for(fake_proxy, addresses) as agent:
+        await asyncio.wait_for(agent.connected.wait(), 10)
+        took = loop.time() - started
+        assert agent.stream.address == f"127.0.0.1:{leader.port}"
+        assert servicer.streams == 1
+        # No connect timeout for the dead address (5 s), no backoff: one round, at once.
+        assert took < 1.5
+        await eventually(lambda: leader.tracker.get(KEY) is not None)
+
+
+async def test_the_agent_follows_the_leader_to_the_other_address(
+    start_aggregator: StartAggregator, fake_proxy: FakeServeProxy
+) -> None:
+    first: Aggregator = await start_aggregator()
+    second: Aggregator = await start_aggregator()
+    addresses = f"127.0.0.1:{first.port},127.0.0.1:{second.port}"
+    async with agent_for(fake_proxy, addresses) as agent:
+        await asyncio.wait_for(agent.connected.wait(), 10)
+        assert agent.stream.address == f"127.0.0.1:{first.port}"
+        await eventually(lambda: first.core.agents_connected == 1)
+        loop = asyncio.get_running_loop()
+        stopped = loop.time()
+        await first.stop()  # drains: the stream ends with UNAVAILABLE
+        await eventually(lambda: second.core.agents_connected == 1, timeout=5)
+        assert loop.time() - stopped < 1.5  # the next address at once, no backoff
+        assert agent.stream.address == f"127.0.0.1:{second.port}"
+        record = await eventually(lambda: second.tracker.get(KEY))
+        assert record.agent is not None
+
+
+async def test_a_whole_round_of_refusals_backs_off_then_retries(
+    fake_proxy: FakeServeProxy, standby: tuple[Standby, int]
+) -> None:
+    servicer, port = standby
+    addresses = f"127.0.0.1:{refused_port()},127.0.0.1:{port}"
+    async with agent_for(fake_proxy, addresses) as agent:
+        await asyncio.sleep(1.0)
+        assert not agent.connected.is_set()
+    # Rounds keep coming (backoffs of at most 0.2 s, then 0.4 s: three rounds in 0.6 s), but
+    # not in a busy loop: each round waits for the growing backoff.
+    assert 3 <= servicer.streams <= 20
