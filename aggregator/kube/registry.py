@@ -43,6 +43,19 @@ class KubeSettings:
         return self.mode in ("condition", "both")
 
 
+def older(pod: KubePod, known: KubePod) -> bool:
+    """Whether ``pod`` is an earlier version of the same pod than ``known``.
+
+    resourceVersions are opaque to clients in general; every API server in use (etcd's
+    revisions) makes them integers that grow with each write, and only then are they compared
+    here. Anything else (or another uid: a new pod of the same name) counts as newer.
+    """
+    if pod.info.uid != known.info.uid:
+        return False
+    new, old = pod.resource_version, known.resource_version
+    return new.isdigit() and old.isdigit() and int(new) < int(old)
+
+
 def condition_value(label: str) -> str:
     """The readiness-gate condition status that goes with a label value."""
     return "True" if label == "true" else "False"
@@ -138,6 +151,12 @@ class KubeRegistry(PodRegistry):
     # -- discovery callbacks ------------------------------------------------------------
 
     def _upsert(self, pod: KubePod) -> None:
+        known = self._pods.get(pod.key)
+        if known is not None and older(pod, known):
+            # A watch event of our own earlier write, arriving after the answer to a later
+            # one (label and condition patches of one transition): it shows a state that is
+            # already gone, and "repairing" it would be a spurious write.
+            return
         self._pods[pod.key] = pod
         assert self._sink is not None
         self._sink.pod_seen(pod.info, pod.labels.get(self.settings.label_key))
@@ -178,8 +197,11 @@ class KubeRegistry(PodRegistry):
         if pod is None:
             return
         if body.get("metadata"):
-            self._pods[key] = parse_pod(body, self.settings.proxy_port)
-        elif kind is Kind.LABEL:
+            written = parse_pod(body, self.settings.proxy_port)
+            if not older(written, pod):  # else: an answer overtaken by a later write's
+                self._pods[key] = written
+                return
+        if kind is Kind.LABEL:
             self._pods[key] = replace(pod, labels={**pod.labels, self.settings.label_key: value})
         else:
             conditions = {**pod.conditions, self.settings.condition_type: value}
