@@ -193,17 +193,14 @@ class LeaderElector:
             return False
         if lease is None:
             record = LeaseRecord(self.identity, duration, now, now, 0)
-            try:
-                version = await self._bounded(self.store.create(record), call_timeout)
-            except APIConflictError:
-                log.info("lease %s was created by another candidate first", describe)
-                return False
-            except (APIError, TimeoutError) as error:
-                log.warning("cannot create lease %s: %s", describe, _why(error))
-                return False
-            self._observe(record, version)
-            self.renewed_at = started
-            return True
+            return await self._write(
+                "create",
+                self.store.create(record),
+                record,
+                started,
+                call_timeout,
+                conflict="was created by another candidate first",
+            )
         # 3. Someone else's and not expired (by this process's observation): keep waiting.
         self._observe(lease.record, lease.version)
         if lease.record.holder and self.lease_valid(self._clock()) and not self.is_leader:
@@ -213,13 +210,35 @@ class LeaderElector:
             record = replace(lease.record, duration_seconds=duration, renew_time=now)
         else:
             record = LeaseRecord(self.identity, duration, now, now, lease.record.transitions + 1)
+        return await self._write(
+            "update",
+            self.store.update(record, lease.version),
+            record,
+            started,
+            call_timeout,
+            conflict="changed while this candidate wrote it (409)",
+        )
+
+    async def _write(
+        self,
+        action: str,
+        call: Coroutine[Any, Any, str],
+        record: LeaseRecord,
+        started: float,
+        call_timeout: float,
+        *,
+        conflict: str,
+    ) -> bool:
+        """Create or update the Lease with ``record``; True if written (this candidate holds
+        it, from ``started`` on). A 409 means another candidate won: False, as any error."""
+        describe = self.store.describe()
         try:
-            version = await self._bounded(self.store.update(record, lease.version), call_timeout)
+            version = await self._bounded(call, call_timeout)
         except APIConflictError:
-            log.info("lease %s changed while this candidate wrote it (409)", describe)
+            log.info("lease %s %s", describe, conflict)
             return False
         except (APIError, TimeoutError) as error:
-            log.warning("cannot update lease %s: %s", describe, _why(error))
+            log.warning("cannot %s lease %s: %s", action, describe, _why(error))
             return False
         self._observe(record, version)
         self.renewed_at = started

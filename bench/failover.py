@@ -71,9 +71,7 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 #: How often the bench looks at the replicas while it waits.
 POLL = 0.02
 #: Agents reporting for pods need no token here (the aggregators are told so).
-NO_AUTH = (
-    ["--auth", "none"] if "auth" in {f.name for f in dataclasses.fields(AggregatorSettings)} else []
-)
+NO_AUTH = ("--auth", "none")
 TARGET = 5.0  # issue 7: the standby takes over within 5 s
 
 
@@ -88,6 +86,11 @@ class Replica:
     @property
     def address(self) -> str:
         return f"{harness.HOST}:{self.port}"
+
+    @property
+    def identity(self) -> str:
+        """Its --leader-elect-identity (the Lease's holderIdentity while it leads)."""
+        return f"{self.name}-{self.generation}"
 
     @property
     def log(self) -> Path:
@@ -109,7 +112,7 @@ class Replica:
                 NS,
                 "--leader-elect=true",
                 f"--leader-elect-namespace={LEASE_NAMESPACE}",
-                f"--leader-elect-identity={self.name}-{self.generation}",
+                f"--leader-elect-identity={self.identity}",
                 *NO_AUTH,
                 env={**environ, "PYTHONUNBUFFERED": "1"},
                 cwd=REPO_ROOT,
@@ -265,8 +268,8 @@ async def failover(args: argparse.Namespace, log_dir: Path) -> list[Kill]:
                     events = emulator.requests("POST", resource=EVENTS, since=mark)
                     kill = Kill(
                         index,
-                        f"{leader.name}-{leader.generation}",
-                        f"{standby.name}-{standby.generation}",
+                        leader.identity,
+                        standby.identity,
                         round(serving_s, 3),
                         round(agents_s, 3),
                         len(patches),

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import os
 import signal
 import sys
@@ -21,89 +20,29 @@ from pathlib import Path
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from aggregator.kube.lease import NAMESPACE_FILE
-from aggregator.settings import Settings as AggregatorSettings
-from node_agent.agent import Agent
-from node_agent.identity import Identity
-from node_agent.settings import Settings as AgentSettings
+from bench import failover
+from bench.failover import NO_AUTH, NOT_SERVING, NS, SERVING, Replica, health, run_agents
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
-from servehealth_common.probe import Prober, make_session
 from tests.fakes import FakeServeProxy, free_port
 from tests.kube.emulator import EVENTS, LEASES, PODS, KubeEmulator
 
-NS = "ray"
 LABEL = "ray.io/serve"
 PODS_COUNT = 4
 #: What the issue asks: the standby serves within 5 s of the leader's death.
 FAILOVER_LIMIT = 5.0
-SERVING = health_pb2.HealthCheckResponse.SERVING
-NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
-#: Raw test agents carry no token; aggregators that authenticate agents are told not to.
-NO_AUTH = (
-    ["--auth", "none"] if "auth" in {f.name for f in dataclasses.fields(AggregatorSettings)} else []
-)
-
-
-@dataclasses.dataclass
-class Replica:
-    name: str
-    port: int
-    process: asyncio.subprocess.Process
-    log: Path
-
-    def tail(self) -> str:
-        return f"--- {self.name} ---\n" + "\n".join(self.log.read_text().splitlines()[-30:])
-
-
-async def start_replica(name: str, kubeconfig: Path, log_dir: Path) -> Replica:
-    port = free_port()
-    log = log_dir / f"{name}.log"
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("SERVE_HEALTH_")}
-    with log.open("wb") as output:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "aggregator",
-            f"--listen=127.0.0.1:{port}",
-            "--metrics-listen=",
-            "--kube-backend=kubernetes",
-            f"--kubeconfig={kubeconfig}",
-            "--namespace",
-            NS,
-            "--leader-elect=true",
-            "--leader-elect-namespace=ray-serve-health",
-            f"--leader-elect-identity={name}",
-            *NO_AUTH,
-            env={**environ, "PYTHONUNBUFFERED": "1"},
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=output,
-            stderr=output,
-        )
-    return Replica(name, port, process, log)
-
-
-async def health(replica: Replica) -> int | None:
-    """The replica's grpc.health.v1 status for "" (None: no answer)."""
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{replica.port}") as channel:
-            stub = health_pb2_grpc.HealthStub(channel)
-            answer = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
-            return answer.status
-    except grpc.aio.AioRpcError:
-        return None
 
 
 async def summary(replica: Replica) -> pb.Summary:
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{replica.port}") as channel:
+    async with grpc.aio.insecure_channel(replica.address) as channel:
         stub = pb_grpc.InspectionServiceStub(channel)
         return await stub.GetSummary(pb.GetSummaryRequest(), timeout=2)
 
 
 async def list_pods(replica: Replica) -> list[pb.Pod]:
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{replica.port}") as channel:
+    async with grpc.aio.insecure_channel(replica.address) as channel:
         stub = pb_grpc.InspectionServiceStub(channel)
         return list((await stub.ListPods(pb.ListPodsRequest(), timeout=2)).pods)
 
@@ -111,18 +50,32 @@ async def list_pods(replica: Replica) -> list[pb.Pod]:
 async def until(
     check: Callable[[], Awaitable[bool]], within: float, what: str, replicas: list[Replica]
 ) -> float:
-    """Poll ``check()`` every 50 ms until true; the seconds it took. Fails at once if one of
-    ``replicas`` exits."""
-    loop = asyncio.get_running_loop()
-    started = loop.time()
-    while not await check():
-        exited = [replica for replica in replicas if replica.process.returncode is not None]
-        if exited or loop.time() - started > within:
+    """bench.failover.until, failing at once if one of ``replicas`` exits."""
+
+    async def exited_or(check: Callable[[], Awaitable[bool]]) -> bool:
+        exited = [
+            r.name for r in replicas if r.process is not None and r.process.returncode is not None
+        ]
+        if exited:
             logs = "\n".join(replica.tail() for replica in replicas)
-            why = f"{exited[0].name} exited" if exited else f"not within {within:g}s"
-            raise AssertionError(f"{what}: {why}\n{logs}")
-        await asyncio.sleep(0.05)
-    return loop.time() - started
+            raise AssertionError(f"{what}: {exited[0]} exited\n{logs}")
+        return await check()
+
+    try:
+        return await failover.until(lambda: exited_or(check), within, what, replicas)
+    except TimeoutError as error:
+        raise AssertionError(str(error)) from None
+
+
+async def start_replica(name: str, kubeconfig: Path, log_dir: Path) -> Replica:
+    replica = Replica(name, free_port(), log_dir)
+    await replica.start(kubeconfig)
+    return replica
+
+
+def running(replica: Replica) -> asyncio.subprocess.Process:
+    assert replica.process is not None
+    return replica.process
 
 
 @pytest.fixture
@@ -137,33 +90,8 @@ async def replicas(kubeconfig_path: Path, tmp_path: Path) -> AsyncIterator[list[
     started = [await start_replica(name, kubeconfig_path, tmp_path) for name in ("a", "b")]
     yield started
     for replica in started:
-        if replica.process.returncode is None:
-            replica.process.kill()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(replica.process.wait(), 10)
-
-
-@contextlib.asynccontextmanager
-async def agents(
-    emulator: KubeEmulator, proxy: FakeServeProxy, addresses: str
-) -> AsyncIterator[list[Agent]]:
-    """One sidecar agent per pod, each given every aggregator address."""
-    session = make_session()
-    running: list[Agent] = []
-    tasks = []
-    try:
-        for pod in emulator.list_objects(PODS, NS):
-            identity = Identity(NS, pod["metadata"]["name"], pod["metadata"]["uid"], "node-1")
-            settings = AgentSettings(aggregator=addresses, proxy_url=proxy.url, token_file="")
-            agent = Agent(settings, identity, Prober(session, settings.probe_timeout))
-            running.append(agent)
-            tasks.append(asyncio.create_task(agent.run(), name=f"agent {identity}"))
-        yield running
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await session.close()
+            await replica.kill()
 
 
 async def test_sigkill_of_the_leader_fails_over_within_five_seconds_and_writes_nothing(
@@ -175,17 +103,19 @@ async def test_sigkill_of_the_leader_fails_over_within_five_seconds_and_writes_n
         kube_emulator.add_pod(
             NS, f"ray-worker-{number}", labels=labels, pod_ip="127.0.0.1", serve_port=proxy.port
         )
-    addresses = ",".join(f"127.0.0.1:{replica.port}" for replica in replicas)
+    addresses = ",".join(replica.address for replica in replicas)
 
     async def one_leader() -> bool:
         statuses = [await health(replica) for replica in replicas]
         return sorted(statuses, key=str) == sorted([SERVING, NOT_SERVING], key=str)
 
     await until(one_leader, 60, "one leader and one standby", replicas)
-    leader, standby = sorted(replicas, key=lambda r: 0 if r.name == _holder(kube_emulator) else 1)
+    leader, standby = sorted(
+        replicas, key=lambda r: 0 if r.identity == _holder(kube_emulator) else 1
+    )
     assert await health(leader) == SERVING
 
-    async with agents(kube_emulator, proxy, addresses):
+    async with run_agents(kube_emulator, proxy, addresses):
 
         async def all_connected_to(replica: Replica) -> bool:
             return (await summary(replica)).agents_connected == PODS_COUNT
@@ -198,10 +128,10 @@ async def test_sigkill_of_the_leader_fails_over_within_five_seconds_and_writes_n
         await asyncio.sleep(1.0)  # let any write in flight land before the mark
         mark = kube_emulator.checkpoint()
 
-        leader.process.send_signal(signal.SIGKILL)
         loop = asyncio.get_running_loop()
         killed = loop.time()
-        assert await asyncio.wait_for(leader.process.wait(), 10) == -signal.SIGKILL
+        await leader.kill()
+        assert running(leader).returncode == -signal.SIGKILL
 
         async def standby_serves() -> bool:
             return await health(standby) == SERVING
@@ -230,7 +160,7 @@ async def test_sigkill_of_the_leader_fails_over_within_five_seconds_and_writes_n
     )
     lease = kube_emulator.lease("ray-serve-health", "ray-serve-health-aggregator")
     assert lease is not None
-    assert lease["spec"]["holderIdentity"] == standby.name
+    assert lease["spec"]["holderIdentity"] == standby.identity
     assert lease["spec"]["leaseTransitions"] == 1
 
 
@@ -251,11 +181,9 @@ async def test_a_leader_that_cannot_renew_exits_1(
         await until(serving, 60, "the only replica leads", [replica])
         kube_emulator.fail_next(10_000, status=500, resource=LEASES)
         # Renew deadline 2 s, then the drain: well within 10 s.
-        assert await asyncio.wait_for(replica.process.wait(), 10) == 1
+        assert await asyncio.wait_for(running(replica).wait(), 10) == 1
     finally:
-        if replica.process.returncode is None:
-            replica.process.kill()
-            await replica.process.wait()
+        await replica.kill()
     log = replica.log.read_text()
     assert "lost the lease" in log
     assert "within the renew deadline (2s)" in log
