@@ -5,14 +5,10 @@ and link they give exists."""
 
 from __future__ import annotations
 
-import json
 import re
-import shlex
 import subprocess
 import sys
-from pathlib import Path
 
-import grpc
 import pytest
 
 from aggregator.server import Aggregator
@@ -21,7 +17,6 @@ from node_agent.settings import Settings as AgentSettings
 from servehealth_common.config import ENV_PREFIX, describe
 from tests import grpcurl
 from tests.deploy.manifests import ROOT
-from tests.messages import open_stream, report
 
 DOCS = ROOT / "docs"
 CONFIGURATION = DOCS / "configuration.md"
@@ -30,15 +25,8 @@ OPERATOR_DOCS = [DOCS / "install.md", CONFIGURATION, DOCS / "operations.md"]
 DOCUMENTED_ADDRESS = "localhost:50051"  # where `kubectl port-forward` puts the aggregator
 
 
-def bash_lines(path: Path) -> list[str]:
-    blocks = re.findall(r"```bash\n(.*?)```", path.read_text(), flags=re.DOTALL)
-    return [line.strip() for block in blocks for line in block.splitlines() if line.strip()]
-
-
 def grpcurl_commands() -> list[str]:
-    return [
-        line for path in OPERATOR_DOCS for line in bash_lines(path) if line.startswith("grpcurl ")
-    ]
+    return grpcurl.documented_commands(*OPERATOR_DOCS)
 
 
 def test_generated_docs_are_up_to_date() -> None:
@@ -94,32 +82,7 @@ def test_docs_have_grpcurl_recipes_through_port_forward() -> None:
 
 
 async def test_every_grpcurl_command_in_the_docs_runs(aggregator: Aggregator) -> None:
-    address = f"127.0.0.1:{aggregator.port}"
-    commands = grpcurl_commands()
-    # The pods the recipes ask about, each with an agent that reported it SERVING.
-    pods = set()
-    for command in commands:
-        argv = shlex.split(command)
-        if "-d" in argv:
-            body = json.loads(argv[argv.index("-d") + 1])
-            if "name" in body:
-                pods.add((body["namespace"], body["name"]))
-    async with grpc.aio.insecure_channel(address) as channel:
-        calls = []
-        for namespace, name in sorted(pods):
-            call = await open_stream(channel, name=name, namespace=namespace)
-            await call.write(report(1, 1, "success"))
-            await call.read()
-            calls.append(call)
-        try:
-            for command in commands:
-                argv = shlex.split(command.replace(DOCUMENTED_ADDRESS, address))
-                result = await grpcurl.arun(argv[1:])
-                assert result.returncode == 0, f"{command}\n{result.stderr}"
-                assert result.stdout.strip(), f"{command} printed nothing"
-        finally:
-            for call in calls:
-                call.cancel()
+    await grpcurl.run_documented(grpcurl_commands(), DOCUMENTED_ADDRESS, aggregator.port)
 
 
 def defined_metrics() -> set[str]:

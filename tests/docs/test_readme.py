@@ -3,13 +3,10 @@ grpcurl command in it runs, exactly as written, against a live aggregator."""
 
 from __future__ import annotations
 
-import re
-import shlex
 import subprocess
 import sys
 from pathlib import Path
 
-import grpc
 import pytest
 
 from aggregator.server import Aggregator
@@ -17,24 +14,15 @@ from aggregator.settings import Settings as AggregatorSettings
 from node_agent.settings import Settings as AgentSettings
 from servehealth_common.config import describe
 from tests import grpcurl
-from tests.messages import open_stream, report
 
 ROOT = Path(__file__).resolve().parents[2]
-README = (ROOT / "README.md").read_text()
+README_PATH = ROOT / "README.md"
+README = README_PATH.read_text()
 DOCUMENTED_ADDRESS = "127.0.0.1:50051"
 
 
-def bash_blocks(markdown: str) -> list[str]:
-    return re.findall(r"```bash\n(.*?)```", markdown, flags=re.DOTALL)
-
-
 def grpcurl_commands() -> list[str]:
-    return [
-        line.strip()
-        for block in bash_blocks(README)
-        for line in block.splitlines()
-        if line.strip().startswith("grpcurl ")
-    ]
+    return grpcurl.documented_commands(README_PATH)
 
 
 def test_flag_tables_are_generated_from_the_settings() -> None:
@@ -66,14 +54,7 @@ def test_readme_has_grpcurl_commands() -> None:
 
 
 async def test_every_grpcurl_command_in_the_readme_runs(aggregator: Aggregator) -> None:
-    address = f"127.0.0.1:{aggregator.port}"
-    async with grpc.aio.insecure_channel(address) as channel:
-        call = await open_stream(channel, name="my-pod")  # the pod the README asks about
-        await call.write(report(1, 1, "success"))
-        await call.read()
-        for command in grpcurl_commands():
-            argv = shlex.split(command.replace(DOCUMENTED_ADDRESS, address))
-            result = await grpcurl.arun(argv[1:])
-            assert result.returncode == 0, f"{command}\n{result.stderr}"
-            assert result.stdout.strip(), f"{command} printed nothing"
-        call.cancel()
+    # "my-pod" is the pod the README asks about.
+    await grpcurl.run_documented(
+        grpcurl_commands(), DOCUMENTED_ADDRESS, aggregator.port, pods=[("default", "my-pod")]
+    )
