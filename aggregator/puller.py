@@ -6,7 +6,7 @@ never go SILENT while their proxy answers; every ``pull_interval`` for pods that
 agent (pure-pull mode). How: GET the pod's ``http://<podIP>:<serve port>/-/healthz`` (and
 ``/-/routes``), classified exactly as the agent does (one shared module), a failure confirmed
 by a second probe, with ``pull_timeout`` per probe and at most ``pull_concurrency`` in flight
-over one aiohttp session. Never one after another.
+over one keep-alive HTTP client (``servehealth_common.http``). Never one after another.
 """
 
 from __future__ import annotations

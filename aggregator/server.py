@@ -7,7 +7,6 @@ import contextlib
 import logging
 import time
 
-import aiohttp
 import grpc
 from aiohttp import web
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -31,6 +30,7 @@ from aggregator.settings import Settings, split_host_port
 from aggregator.tracker import Clock, Tracker, TrackerSettings
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
+from servehealth_common.http import HTTPClient
 from servehealth_common.kube.client import find_config, load_configuration
 from servehealth_common.probe import Prober, make_session
 from servehealth_common.tls import ReloadingServerCertificate, server_credentials
@@ -51,6 +51,8 @@ LEADER_ONLY = ("", SERVICE_NAMES[0])
 #: A grpc.health.v1 name SERVING for as long as the process runs, leader or standby: for the
 #: liveness and startup probes (a standby must not be restarted for being a standby).
 LIVENESS = "liveness"
+#: Idle keep-alive connections the pull fallback keeps at most (one per pod it pulls).
+PULL_MAX_IDLE = 4096
 
 
 def make_registry(settings: Settings, metrics: Metrics) -> PodRegistry:
@@ -139,7 +141,7 @@ class Aggregator:
         )
         self.clock = clock
         self.puller: Puller | None = None
-        self._pull_session: aiohttp.ClientSession | None = None
+        self._pull_session: HTTPClient | None = None
         self._pulling: asyncio.Task[None] | None = None
         self.health = health.aio.HealthServicer()
         #: Token checks (--auth, --inspection-auth tokenreview); None when neither asks.
@@ -322,7 +324,7 @@ class Aggregator:
 
     def _start_puller(self) -> None:
         settings = self.settings
-        self._pull_session = make_session(max_connections=settings.pull_concurrency)
+        self._pull_session = make_session(max_idle=PULL_MAX_IDLE, max_idle_per_host=1)
         self.puller = Puller(
             self.core,
             Prober(

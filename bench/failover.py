@@ -177,7 +177,7 @@ async def until(
 async def run_agents(
     emulator: KubeEmulator, proxy: FakeServeProxy, addresses: str
 ) -> AsyncIterator[list[Agent]]:
-    session = make_session(max_connections=64)
+    session = make_session(max_idle=64, max_idle_per_host=64)  # every agent probes one proxy
     agents: list[Agent] = []
     tasks = []
     try:

@@ -34,7 +34,7 @@ MakeAgent = Callable[[Prober], "Agent | NodeAgent"]
 
 
 async def run(settings: Settings, make_agent: MakeAgent) -> None:
-    async with make_session(max_connections=settings.probe_concurrency) as session:
+    async with make_session() as session:
         prober = Prober(session, settings.probe_timeout, concurrency=settings.probe_concurrency)
         agent = make_agent(prober)
         task = asyncio.create_task(agent.run())

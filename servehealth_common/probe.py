@@ -1,4 +1,4 @@
-"""Probe a Ray Serve HTTP proxy over HTTP (aiohttp adapter around :mod:`classify`).
+"""Probe a Ray Serve HTTP proxy over HTTP (an adapter of :mod:`http` around :mod:`classify`).
 
 Used by the node agent for its own pods and, as the pull fallback, by the aggregator.
 """
@@ -10,15 +10,13 @@ import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-
-import aiohttp
-from yarl import URL
+from urllib.parse import urlsplit
 
 from servehealth_common import classify
+from servehealth_common.http import MAX_BODY_BYTES, HTTPClient, HTTPClientError
 from servehealth_common.states import ServeState
 
-#: Proxies answer a few bytes; never read more than this from one.
-MAX_BODY_BYTES = 4096
+__all__ = ["MAX_BODY_BYTES", "ProbeResult", "Prober", "make_session", "routes_url"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,20 +33,14 @@ class ProbeResult:
 
 def routes_url(healthz_url: str) -> str:
     """``http://host:port/-/routes`` for a ``.../-/healthz`` URL."""
-    return str(URL(healthz_url).with_path("/-/routes"))
+    return urlsplit(healthz_url)._replace(path="/-/routes", query="", fragment="").geturl()
 
 
-def make_session(max_connections: int = 0) -> aiohttp.ClientSession:
-    """A client session for probes: no cookies, no proxies from the environment.
-
-    ``max_connections=0`` means unlimited; the caller bounds concurrency itself.
-    """
-    return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=max_connections, limit_per_host=0),
-        cookie_jar=aiohttp.DummyCookieJar(),
-        trust_env=False,
-        timeout=aiohttp.ClientTimeout(total=None),
-    )
+def make_session(*, max_idle: int = 256, max_idle_per_host: int = 2) -> HTTPClient:
+    """The HTTP client of a :class:`Prober`: keeps at most ``max_idle_per_host`` idle
+    connections to each proxy (two: a probe and its hedged confirmation), ``max_idle`` in all.
+    Requests in flight are bounded by the Prober's ``concurrency``, not here."""
+    return HTTPClient(max_idle=max_idle, max_idle_per_host=max_idle_per_host)
 
 
 class Prober:
@@ -60,7 +52,7 @@ class Prober:
 
     def __init__(
         self,
-        session: aiohttp.ClientSession,
+        session: HTTPClient,
         timeout: float,
         clock: Callable[[], float] = time.monotonic,
         *,
@@ -90,14 +82,11 @@ class Prober:
                     verdict = classify.classify_routes(routes_status, routes_body)
                     if routes_status != 200:
                         status = routes_status
-        except TimeoutError:
+        except TimeoutError:  # before OSError, of which it is a subclass
             verdict = classify.timed_out(self._timeout)
-        except aiohttp.ClientConnectorError as error:
-            if isinstance(error.os_error, ConnectionRefusedError):
-                verdict = classify.connection_refused()
-            else:
-                verdict = classify.transport_error(error)
-        except aiohttp.ClientError as error:
+        except ConnectionRefusedError:
+            verdict = classify.connection_refused()
+        except (OSError, HTTPClientError) as error:
             verdict = classify.transport_error(error)
         return ProbeResult(verdict.state, verdict.reason, status, self._clock() - started)
 
@@ -130,6 +119,5 @@ class Prober:
         return await self.probe(healthz_url)
 
     async def _get(self, url: str) -> tuple[int, str]:
-        async with self._session.get(url, allow_redirects=False) as response:
-            raw = await response.content.read(MAX_BODY_BYTES)
-            return response.status, raw.decode(errors="replace")
+        status, body = await self._session.get(url)
+        return status, body.decode(errors="replace")

@@ -22,7 +22,6 @@ import sys
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import aiohttp
 import grpc
 import pytest
 from aiohttp import web
@@ -34,6 +33,7 @@ from node_agent.identity import REQUIRED, Identity, MissingIdentity
 from node_agent.settings import Settings
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
+from servehealth_common.http import HTTPClient
 from servehealth_common.probe import Prober, ProbeResult, make_session
 from servehealth_common.states import ServeState
 from tests import fakes
@@ -102,13 +102,13 @@ class ScriptedProxy:
 
 
 @pytest.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
+async def session() -> AsyncIterator[HTTPClient]:
     async with make_session() as session:
         yield session
 
 
 @pytest.fixture
-def make_agent(session: aiohttp.ClientSession) -> MakeAgent:
+def make_agent(session: HTTPClient) -> MakeAgent:
     """``make_agent(proxy_url, aggregator=..., **settings)``: an Agent with a real Prober."""
 
     def make(proxy_url: str, aggregator: str = "127.0.0.1:1", **overrides: Any) -> Agent:

@@ -27,7 +27,6 @@ import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
-import aiohttp
 import pytest
 
 from aggregator.server import Aggregator
@@ -37,6 +36,7 @@ from node_agent.identity import REQUIRED, MissingIdentity, node_name_from_enviro
 from node_agent.settings import Settings
 from node_agent.stream import MAX_BATCH_REPORTS, Outbox, ReportStream
 from servehealth.v1 import servehealth_pb2 as pb
+from servehealth_common.http import HTTPClient
 from servehealth_common.kube.client import KubeClient
 from servehealth_common.probe import Prober, ProbeResult, make_session
 from servehealth_common.states import ServeState
@@ -68,15 +68,13 @@ async def proxies() -> AsyncIterator[StartProxies]:
 
 
 @pytest.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
+async def session() -> AsyncIterator[HTTPClient]:
     async with make_session() as session:
         yield session
 
 
 @pytest.fixture
-def make_node_agent(
-    session: aiohttp.ClientSession, kubeconfig_path: pathlib.Path
-) -> Iterator[MakeNodeAgent]:
+def make_node_agent(session: HTTPClient, kubeconfig_path: pathlib.Path) -> Iterator[MakeNodeAgent]:
     """``make_node_agent(aggregator=..., **settings)``: a NodeAgent for NODE on the emulator."""
     clients: list[KubeClient] = []
 

@@ -13,10 +13,10 @@ import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-import aiohttp
 import pytest
 from aiohttp import web
 
+from servehealth_common.http import HTTPClient
 from servehealth_common.probe import MAX_BODY_BYTES, Prober, make_session, routes_url
 from servehealth_common.states import ServeState
 from tests import fakes
@@ -32,13 +32,13 @@ EMPTY_ROUTES = "No applications are deployed (empty route table)."
 
 
 @pytest.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
+async def session() -> AsyncIterator[HTTPClient]:
     async with make_session() as session:
         yield session
 
 
 @pytest.fixture
-def prober(session: aiohttp.ClientSession) -> Prober:
+def prober(session: HTTPClient) -> Prober:
     return Prober(session, TIMEOUT)
 
 
@@ -193,7 +193,7 @@ async def test_stopped_proxy_is_no_proxy(prober: Prober, fake_proxy: FakeServePr
     assert result.http_status == 0
 
 
-async def test_server_that_never_answers_times_out(session: aiohttp.ClientSession) -> None:
+async def test_server_that_never_answers_times_out(session: HTTPClient) -> None:
     server = await silent_server()
     port = server.sockets[0].getsockname()[1]
     try:
@@ -207,7 +207,7 @@ async def test_server_that_never_answers_times_out(session: aiohttp.ClientSessio
     assert HANG_TIMEOUT - TIMER_RESOLUTION <= result.latency < HANG_TIMEOUT + SLACK
 
 
-async def test_hanging_proxy_times_out(session: aiohttp.ClientSession) -> None:
+async def test_hanging_proxy_times_out(session: HTTPClient) -> None:
     proxy = await FakeServeProxy(hang=True).start()
     try:
         result = await Prober(session, HANG_TIMEOUT).probe(proxy.url)
@@ -230,7 +230,7 @@ class HungRoutesProxy(FakeServeProxy):
         return await super()._answer(answer)
 
 
-async def test_timeout_is_shared_by_healthz_and_routes(session: aiohttp.ClientSession) -> None:
+async def test_timeout_is_shared_by_healthz_and_routes(session: HTTPClient) -> None:
     """One timeout bounds the whole probe: a healthy /-/healthz, then a hung /-/routes."""
     proxy = await HungRoutesProxy().start()
     try:
