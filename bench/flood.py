@@ -62,7 +62,7 @@ MiB = 2**20
 
 def flood_main(conn: Connection, host: str, port: int) -> None:
     """Hold half-open connections to ``host:port``; answer commands on ``conn``."""
-    halfopen.raise_fd_limit()
+    procstat.raise_fd_limit()
     asyncio.run(_flood(conn, host, port))
 
 
@@ -358,7 +358,7 @@ def main() -> int:
     unknown = set(kinds) - set(halfopen.KINDS)
     if unknown:
         parser.error(f"unknown kinds {sorted(unknown)}; from {', '.join(halfopen.KINDS)}")
-    halfopen.raise_fd_limit(max(sizes) + 1000)
+    procstat.raise_fd_limit(max(sizes) + 1000)
     log_dir = Path(tempfile.mkdtemp(prefix="serve-health-flood-"))
     results = []
     for kind in kinds:

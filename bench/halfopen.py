@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import resource
 import socket
 import struct
 from collections.abc import Sequence
@@ -227,20 +226,6 @@ class Flood:
                     sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, linger)
                 sock.close()
         self.sockets.clear()
-
-
-def raise_fd_limit(needed: int | None = None) -> int:
-    """Raise this process's soft RLIMIT_NOFILE to its hard limit (children inherit it);
-    returns the new limit. With ``needed``, FloodError if even the hard limit is lower."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
-    if needed is not None and target < needed:
-        raise FloodError(
-            f"{needed} file descriptors needed, the hard limit is {hard} (raise ulimit -n)"
-        )
-    if soft != target:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-    return target
 
 
 def peer_closed(sock: socket.socket) -> bool:

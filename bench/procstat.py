@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource
 import time
 from dataclasses import dataclass
 
@@ -42,3 +43,16 @@ class CpuWindow:
 def open_fds(pid: int) -> int:
     """File descriptors the process holds (sockets, files, pipes, epoll)."""
     return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def raise_fd_limit(needed: int | None = None) -> int:
+    """Raise this process's soft RLIMIT_NOFILE to its hard limit (children inherit it): floods
+    and fleets of thousands of connections need more than the usual 1,024. Returns the new
+    limit; with ``needed``, OSError if even the hard limit is lower."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if needed is not None and target < needed:
+        raise OSError(f"{needed} file descriptors needed, the hard limit is {hard} (ulimit -Hn)")
+    if soft != target:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    return target

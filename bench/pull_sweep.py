@@ -39,7 +39,6 @@ import json
 import logging
 import os
 import platform
-import resource
 import statistics
 import subprocess
 import sys
@@ -55,6 +54,8 @@ from typing import Any, TypeVar
 
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import procstat
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUTPUT = REPO_ROOT / "bench" / "results" / "pull_sweep.json"
@@ -83,14 +84,6 @@ def pin(cpu: int | None) -> str:
         return "not pinned"
     os.sched_setaffinity(0, {cpu})
     return f"pinned to CPU {cpu}"
-
-
-def raise_fd_limit() -> None:
-    """2,000 servers or 2,000 client connections need more than the usual 1,024 descriptors."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    wanted = 16_384 if hard == resource.RLIM_INFINITY else min(hard, 16_384)
-    if soft < wanted:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
 
 
 def cpu_seconds(pid: int) -> float:
@@ -152,7 +145,7 @@ async def serve_fleet(count: int, hung_every: int, workdir: Path, lifetime: floa
 
 def fleet_main(args: argparse.Namespace) -> int:
     where = pin(args.cpu)
-    raise_fd_limit()
+    procstat.raise_fd_limit()
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     # The fleet is scenery: the fastest loop available, so it keeps up with the measured side.
     name, run = event_loop("uvloop")
@@ -479,7 +472,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     pinned = len(cpus) >= 2 and not args.no_pin
     measured_cpu, fleet_cpu = (cpus[0], cpus[1]) if pinned else (None, None)
     where = pin(measured_cpu)
-    raise_fd_limit()
+    procstat.raise_fd_limit()
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     hung = sum(is_hung(i, args.hung_every) for i in range(args.pods))
     loop_name, run = event_loop(args.loop)
