@@ -3,7 +3,7 @@
 No gRPC and no Kubernetes client here (:mod:`aggregator.guard` is the gRPC adapter, and the
 TokenReview call is injected), and every clock is injected. The story of one token::
 
-    bearer token ── jwt_expiry: a JWT whose exp is still ahead? ── no ──> Unauthenticated
+    bearer token ── jwt_claims: a JWT whose exp is ahead, for our aud? ── no ──> Unauthenticated
          │ yes                                                            (no API call)
          ▼
     ReviewCache (SHA-256 of the token) ── hit ──> the remembered answer (good or bad)
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from aggregator.metrics import Metrics
-from servehealth_common.tokens import TOKEN_EXPIRED, jwt_expiry
+from servehealth_common.tokens import TOKEN_EXPIRED, expiry, jwt_claims
 
 #: The audience agents' projected tokens are issued for (``--auth-audience``).
 DEFAULT_AUDIENCE = "ray-serve-health"
@@ -225,24 +225,33 @@ class TokenReviewer:
         self._wall_clock = wall_clock
         self._cache_for = cache_for
         self._negative_cache_for = negative_cache_for
-        self.cache: ReviewCache[Verified | Unauthenticated] = ReviewCache(clock, max_entries)
+        self.cache: ReviewCache[Verified | str] = ReviewCache(clock, max_entries)
         self._pending: dict[bytes, asyncio.Future[Verified]] = {}
 
     async def verify(self, token: str) -> Verified:
         """The identity behind ``token``; raises Unauthenticated or ReviewUnavailable."""
-        exp = jwt_expiry(token)
+        claims = jwt_claims(token) or {}
+        exp = expiry(claims)
         if exp is None:
             raise Unauthenticated(
                 "the bearer token is not a Kubernetes ServiceAccount token (a JWT with an exp)"
             )
         if exp <= self._wall_clock():
             raise Unauthenticated(ALREADY_EXPIRED)
+        # Unverified, to spare the API a review that must fail (the review checks it again):
+        # a token for another audience, typically the pod's default API token.
+        aud = claims.get("aud")
+        if aud is not None and self.audience not in ([aud] if isinstance(aud, str) else aud):
+            raise Unauthenticated(
+                f"the token is not meant for the audience {self.audience!r} (its aud is "
+                f"{str(aud)[:100]}): mount a projected token with that audience"
+            )
         key = hashlib.sha256(token.encode()).digest()
         cached = self.cache.get(key)
         if cached is not None:
             self._metrics.token_cache.labels("hit").inc()
-            if isinstance(cached, Unauthenticated):
-                raise Unauthenticated(str(cached))
+            if isinstance(cached, str):  # a refusal: its reason only (no token, no traceback)
+                raise Unauthenticated(cached)
             return cached
         self._metrics.token_cache.labels("miss").inc()
         pending = self._pending.get(key)
@@ -274,7 +283,7 @@ class TokenReviewer:
             identity = identity_from_review(review, self.audience)
         except Unauthenticated as error:
             self._metrics.token_reviews.labels("rejected").inc()
-            self.cache.put(key, error, self._negative_cache_for)
+            self.cache.put(key, str(error), self._negative_cache_for)
             raise
         self._metrics.token_reviews.labels("authenticated").inc()
         remaining = exp - self._wall_clock()
@@ -353,11 +362,20 @@ def check_hello(
     return identity.node_name
 
 
-def check_pod_node(node: str, pod: str, pod_node: str | None) -> None:
-    """May the DaemonSet agent of ``node`` report for ``pod``, which runs on ``pod_node``
-    (None: a pod the backend does not know, whose report it skips anyway)?"""
-    if pod_node is not None and pod_node != node:
+def check_pod_node(node: str, pod: str, pod_node: str | None) -> bool:
+    """May the DaemonSet agent of ``node`` report for ``pod``, which runs on ``pod_node``?
+
+    None: a pod the backend does not know, whose report it skips anyway (True). "": a pod not
+    scheduled yet as far as the backend has seen (False: skip this report, ask again on the
+    next; a lagging watch must not end a whole node's stream). Another node: PermissionDenied.
+    """
+    if pod_node is None:
+        return True
+    if not pod_node:
+        return False
+    if pod_node != node:
         raise PermissionDenied(
             f"a DaemonSet agent on node {node} may not report for pod {pod}, which runs on "
-            f"{f'node {pod_node}' if pod_node else 'no node yet'}"
+            f"node {pod_node}"
         )
+    return True

@@ -134,11 +134,13 @@ class Guard:
         log.debug("report stream from %s: %s", context.peer(), verified.identity)
         return StreamGrant(verified.identity, verified.expires_at, node)
 
-    async def check_pod(self, context: grpc.aio.ServicerContext, node: str, key: PodKey) -> None:
-        """A DaemonSet agent of ``node`` names ``key`` for the first time on its stream."""
+    async def check_pod(self, context: grpc.aio.ServicerContext, node: str, key: PodKey) -> bool:
+        """A DaemonSet agent of ``node`` names ``key`` for the first time on its stream: True
+        if it may report for it, False to skip this report (the pod is on no node yet, as far
+        as this aggregator knows), or the stream ends (PERMISSION_DENIED)."""
         info = self._pods.pod(key)
         try:
-            check_pod_node(node, str(key), info.node_name if info is not None else None)
+            return check_pod_node(node, str(key), info.node_name if info is not None else None)
         except PermissionDenied as error:
             await self._refuse(context, "report", error)
 

@@ -130,6 +130,7 @@ class Aggregator:
         self._finished = asyncio.Event()
         self._electing: asyncio.Task[None] | None = None
         self._registry_state = "new"  # new -> started -> stopped
+        self._leading = False  # with --leader-elect: this replica holds the Lease
         self._stopping = False
         self.core = Core(
             self.tracker,
@@ -193,10 +194,10 @@ class Aggregator:
             self.port = server.add_insecure_port(address)
         if self.port == 0:
             raise OSError(f"cannot listen on {settings.listen}")
+        standby = self.elector is not None
+        self._reports.standby = standby  # before the port opens: no stream slips through
         await server.start()
         self._server = server
-        standby = self.elector is not None
-        self._reports.standby = standby
         for name in ("", *SERVICE_NAMES, LIVENESS):
             serving = not (standby and name in LEADER_ONLY)
             await self.health.set(name, SERVING if serving else NOT_SERVING)
@@ -276,6 +277,7 @@ class Aggregator:
         elector = self.elector
         assert elector is not None
         await elector.acquire()
+        self._leading = True
         self.metrics.leader.set(1)
         self.metrics.leader_transitions.labels("acquired").inc()
         log.info(
@@ -305,22 +307,30 @@ class Aggregator:
         log.info("leader: serving, %d pods tracked", len(self.tracker))
 
     async def _step_down(self, reason: str) -> None:
+        """Stop every write first (nothing is sent after this starts; requests already sent
+        land or time out before it goes on), then stop serving reports; :meth:`wait` returns
+        whatever fails on the way."""
         self.lost = reason
-        log.error(
-            "leader election: %s lost the lease: %s; stopping every write and exiting (the "
-            "Deployment restarts this replica as a standby)",
-            self.elector.identity if self.elector else "?",
-            reason,
-        )
-        self.metrics.leader.set(0)
-        self.metrics.leader_transitions.labels("lost").inc()
         self._reports.standby = True
-        for name in LEADER_ONLY:
-            await self.health.set(name, NOT_SERVING)
-        self._reports.close_streams()
-        await self._stop_background()
-        await self._stop_registry()
-        self._finished.set()
+        try:
+            await self._stop_registry()
+            led, self._leading = self._leading, False
+            self.metrics.leader.set(0)
+            if led:
+                self.metrics.leader_transitions.labels("lost").inc()
+            log.error(
+                "leader election: %s %s: %s; every write stopped, exiting (the Deployment "
+                "restarts this replica as a standby)",
+                self.elector.identity if self.elector else "?",
+                "lost the lease" if led else "never led",
+                reason,
+            )
+            for name in LEADER_ONLY:
+                await self.health.set(name, NOT_SERVING)
+            self._reports.close_streams()
+            await self._stop_background()
+        finally:
+            self._finished.set()
 
     def _start_puller(self) -> None:
         settings = self.settings
@@ -381,7 +391,7 @@ class Aggregator:
         await self._stop_background()
         if self._electing is not None:
             self._electing.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            with contextlib.suppress(asyncio.CancelledError, Exception):  # logged there
                 await self._electing
         await self._stop_registry()
         if self.elector is not None:

@@ -249,15 +249,18 @@ class ReportService(pb_grpc.ReportServiceServicer):
                 for pod_report in message.reports.reports:
                     try:
                         key, observation = wire.observation_from_report(pod_report, own_pod)
-                        if check_pod is not None and key not in keys:
-                            await check_pod(key)  # PERMISSION_DENIED for another node's pod
-                        if len(keys) >= max_pods and key not in keys:
-                            await self._reject(
-                                context,
-                                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                f"this stream reports for more than {max_pods} pods "
-                                "(--max-pods-per-stream)",
-                            )
+                        if key not in keys:  # a pod new on this stream
+                            # PERMISSION_DENIED for another node's pod; False: not on a node yet
+                            if check_pod is not None and not await check_pod(key):
+                                self._core.metrics.reports_ignored.labels("pod_unscheduled").inc()
+                                continue
+                            if len(keys) >= max_pods:
+                                await self._reject(
+                                    context,
+                                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                    f"this stream reports for more than {max_pods} pods "
+                                    "(--max-pods-per-stream)",
+                                )
                         changed |= report(stream, key, observation)
                     except wire.InvalidMessage as error:
                         await self._reject(context, grpc.StatusCode.INVALID_ARGUMENT, str(error))

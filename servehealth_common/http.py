@@ -93,7 +93,13 @@ def parse_url(url: str) -> Target:
     netloc = f"[{host}]" if ":" in host else host
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     host_header = netloc if port == default_port else f"{netloc}:{port}"
-    return Target(parts.scheme, host, port, host_header, path)
+    target = Target(parts.scheme, host, port, host_header, path)
+    try:  # before any connection (or name lookup) is made for it
+        host.encode("idna")
+        _request(target)
+    except (UnicodeError, h11.LocalProtocolError) as error:
+        raise InvalidURL(f"{error}: {url!r}") from None
+    return target
 
 
 class HTTPClient:

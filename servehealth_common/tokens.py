@@ -1,9 +1,9 @@
-"""Reading a ServiceAccount token (a JWT) without verifying it: only to learn when it expires.
+"""Reading a ServiceAccount token (a JWT) without verifying it: when it expires, whom it is for.
 
-Neither program ever trusts what it reads here. The aggregator asks the Kubernetes TokenReview
-API whether a token is genuine and only then uses its ``exp`` to decide how long to remember the
-answer; the agent reads the ``exp`` of its own token to tell an expected expiry from a refusal.
-No JWT library is needed for that: a JWT is ``base64url(header).base64url(claims).signature``.
+Nothing here is trusted. The aggregator refuses, without asking the API, a token that has
+expired or names another audience; any other token it asks the Kubernetes TokenReview API
+about, and only then uses its ``exp`` to decide how long to remember the answer. No JWT
+library is needed for that: a JWT is ``base64url(header).base64url(claims).signature``.
 """
 
 from __future__ import annotations
@@ -30,17 +30,16 @@ def jwt_claims(token: str) -> dict[str, Any] | None:
     payload = parts[1]
     try:
         raw = base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4))
+        if not raw.lstrip().startswith(b"{"):  # claims are an object (and "[[[[..." recurses)
+            return None
         claims = json.loads(raw)
-    except (binascii.Error, ValueError):
+    except (binascii.Error, ValueError, RecursionError):
         return None
     return claims if isinstance(claims, dict) else None
 
 
-def jwt_expiry(token: str) -> float | None:
-    """The token's ``exp`` claim (seconds since the epoch), unverified; None without one."""
-    claims = jwt_claims(token)
-    if claims is None:
-        return None
+def expiry(claims: dict[str, Any]) -> float | None:
+    """The ``exp`` claim (seconds since the epoch) of a token's claims; None without one."""
     exp = claims.get("exp")
     if isinstance(exp, bool) or not isinstance(exp, int | float):
         return None

@@ -119,6 +119,10 @@ class KubeRegistry(PodRegistry):
                 await task
         if self.events is not None:
             await self.events.stop()
+        # Requests already sent land (or time out) before stop() returns: nothing this
+        # registry wrote can arrive after it says it stopped.
+        if not await self.api.drain(self.api.timeout):
+            log.warning("Kubernetes API requests still in flight after %gs", self.api.timeout)
         self.api.close()
 
     # -- PodRegistry --------------------------------------------------------------------
@@ -198,9 +202,11 @@ class KubeRegistry(PodRegistry):
             return
         if body.get("metadata"):
             written = parse_pod(body, self.settings.proxy_port)
-            if not older(written, pod):  # else: an answer overtaken by a later write's
+            if not older(written, pod):
                 self._pods[key] = written
-                return
+            # else: an answer overtaken by a later version of the pod, which already shows this
+            # write (and anything written after it, which the watch will judge as drift).
+            return
         if kind is Kind.LABEL:
             self._pods[key] = replace(pod, labels={**pod.labels, self.settings.label_key: value})
         else:

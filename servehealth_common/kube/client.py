@@ -103,6 +103,18 @@ class KubeClient:
         self._executor.shutdown(wait=False, cancel_futures=True)
         self._client.close()
 
+    async def drain(self, within: float) -> bool:
+        """Start no more requests, and wait up to ``within`` seconds for those already sent
+        (a request cannot be taken back once sent: a leader that steps down waits for its
+        writes to land before it gives the Lease up). True if none is left."""
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        waiting = asyncio.to_thread(self._executor.shutdown, wait=True)
+        try:
+            await asyncio.wait_for(waiting, within)
+        except TimeoutError:
+            return False
+        return True
+
     # -- plumbing -----------------------------------------------------------------------
 
     def _raw(self, what: str, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

@@ -185,6 +185,20 @@ async def test_connection_refused_is_no_proxy(prober: Prober) -> None:
     assert result.latency < TIMEOUT
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        pytest.param("http://127.0.0.1:8000/-/health z", id="space-in-path"),
+        pytest.param("http://" + "x" * 70 + ".invalid:8000/-/healthz", id="label-too-long"),
+    ],
+)
+async def test_an_unusable_url_is_a_failed_probe_not_a_crash(prober: Prober, url: str) -> None:
+    # Refused before any connection or name lookup: neither request can be written.
+    result = await prober.probe(url)
+    assert result.state is ServeState.UNHEALTHY
+    assert result.reason.startswith("Probe failed: ")
+
+
 async def test_stopped_proxy_is_no_proxy(prober: Prober, fake_proxy: FakeServeProxy) -> None:
     assert (await prober.probe(fake_proxy.url)).state is ServeState.SERVING
     await fake_proxy.stop()

@@ -27,7 +27,7 @@ from tests.deploy.manifests import ROOT, find, render
 Permission = tuple[str, str, str]  # (API group, resource, verb); "" is the core group
 
 # Public methods that make no API call.
-NO_API_CALL = {"close"}
+NO_API_CALL = {"close", "drain"}
 # Each public method that calls the API, and what it needs.
 CALLS: dict[str, set[Permission]] = {
     # KubeClient: discovery (the aggregator) and the pods of a node (the DaemonSet agent).

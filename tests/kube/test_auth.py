@@ -156,7 +156,7 @@ async def test_a_sidecar_with_its_own_pods_token_reports(
         pytest.param(None, "no token", id="no-token"),
         pytest.param("not-a-jwt", "not a Kubernetes ServiceAccount token", id="garbled"),
         pytest.param("expired", "the token has expired", id="expired"),
-        pytest.param("vault", "invalid for the target audiences", id="wrong-audience"),
+        pytest.param("vault", "not meant for the audience", id="wrong-audience"),
         pytest.param("unknown", "token lookup failed", id="forged"),
     ],
 )
@@ -257,9 +257,13 @@ async def test_one_token_review_serves_every_stream_of_that_token(
     assert metric(aggregator, "token_cache", result="hit") == 1
     assert metric(aggregator, "token_reviews", result="authenticated") == 1
     # A refusal is remembered too (for a few seconds): a flood of one bad token, one review.
-    bad = sidecar_token(kube, audiences=["vault"])
+    bad = sidecar_token(kube).rsplit(".", 1)[0] + ".Zm9yZ2Vk"  # a forged signature
     for _ in range(3):
         await refusal(channel, sidecar_hello(kube), bad)
+    assert reviews(kube) == [token, bad]
+    # A token for another audience is refused without asking the API at all.
+    for _ in range(3):
+        await refusal(channel, sidecar_hello(kube), sidecar_token(kube, audiences=["vault"]))
     assert reviews(kube) == [token, bad]
 
 

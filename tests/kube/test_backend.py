@@ -14,6 +14,7 @@ from typing import Any
 import grpc
 import pytest
 
+from aggregator.kube.api import KubeApi
 from aggregator.metrics import Metrics
 from aggregator.server import Aggregator, make_registry
 from aggregator.settings import Settings
@@ -370,3 +371,31 @@ def test_kubernetes_backend_without_a_config_exits_with_a_clear_error(
     )
     assert result.returncode == 1
     assert "no Kubernetes configuration" in result.stderr
+
+
+# -- stopping -----------------------------------------------------------------------------
+
+
+async def test_drain_waits_for_writes_already_sent_and_starts_no_other(
+    kube_emulator: KubeEmulator,
+) -> None:
+    kube_emulator.add_pod("default", "a")
+    api = KubeApi(kube_emulator.client_configuration(), timeout=5, concurrency=1)
+    kube_emulator.slow(0.3)
+    sent = asyncio.create_task(
+        api.patch_pod(PodKey("default", "a"), {"metadata": {"labels": {"serve": "true"}}})
+    )
+    queued = asyncio.create_task(
+        api.patch_pod(PodKey("default", "a"), {"metadata": {"labels": {"serve": "false"}}})
+    )
+    await kube_emulator.wait_until(lambda: kube_emulator.requests("PATCH"))  # the first is out
+    try:
+        assert await api.drain(within=5)
+        # The one already sent landed; the one still queued was never sent.
+        assert kube_emulator.pod_labels("default", "a")["serve"] == "true"
+        assert len(kube_emulator.requests("PATCH")) == 1
+        assert (await sent)["metadata"]["labels"]["serve"] == "true"
+        with pytest.raises(asyncio.CancelledError):
+            await queued
+    finally:
+        api.close()

@@ -37,7 +37,7 @@ from aggregator.auth import (
 )
 from aggregator.guard import bearer_token
 from aggregator.metrics import Metrics
-from servehealth_common.tokens import MAX_TOKEN_BYTES, jwt_claims, jwt_expiry
+from servehealth_common.tokens import MAX_TOKEN_BYTES, expiry, jwt_claims
 from tests.conftest import FakeClock
 
 AUDIENCE = "ray-serve-health"
@@ -85,6 +85,7 @@ def review(
         pytest.param(jwt({"exp": True}), None, id="exp-boolean"),
         pytest.param(jwt("[1, 2]"), None, id="claims-not-an-object"),
         pytest.param(jwt("not json"), None, id="claims-not-json"),
+        pytest.param(jwt("[" * 5000), None, id="deeply-nested"),  # RecursionError in json
         pytest.param("abc.%%%.def", None, id="not-base64"),
         pytest.param("only.two", None, id="two-parts"),
         pytest.param("a..c", None, id="empty-part"),
@@ -93,7 +94,7 @@ def review(
     ],
 )
 def test_jwt_expiry_reads_exp_without_verifying(token: str, expected: float | None) -> None:
-    assert jwt_expiry(token) == expected
+    assert expiry(jwt_claims(token) or {}) == expected
 
 
 def test_jwt_claims() -> None:
@@ -266,6 +267,8 @@ async def test_a_short_lived_token_is_cached_only_until_it_expires(
         pytest.param(jwt({"sub": "x"}), id="no-exp"),
         pytest.param(jwt({"exp": NOW - 1}), id="expired"),
         pytest.param(jwt({"exp": NOW}), id="expires-now"),
+        pytest.param(jwt({"exp": NOW + 60, "aud": ["https://kubernetes.default.svc"]}), id="aud"),
+        pytest.param(jwt({"exp": NOW + 60, "aud": "vault"}), id="aud-string"),
     ],
 )
 async def test_tokens_refused_without_asking_the_api(
@@ -289,6 +292,16 @@ async def test_a_refusal_is_cached_for_a_few_seconds(clock: FakeClock, wall: Fak
     assert (await checker.verify(token)).identity.namespace == "ray"
     assert len(api.calls) == 2
     assert counter(checker._metrics, "token_reviews", result="rejected") == 1
+
+
+async def test_a_cached_refusal_keeps_only_its_reason(clock: FakeClock, wall: FakeClock) -> None:
+    api = FakeApi(review(authenticated=False, error="token lookup failed"))
+    checker = reviewer(api, clock, wall)
+    with pytest.raises(Unauthenticated):
+        await checker.verify(jwt({"exp": NOW + 3600}))
+    # Not the exception: its traceback would keep the token (and the call) alive.
+    (entry,) = checker.cache._entries.values()
+    assert isinstance(entry[1], str)
 
 
 async def test_api_trouble_is_unavailable_and_not_cached(clock: FakeClock, wall: FakeClock) -> None:
@@ -430,16 +443,16 @@ def test_refused_hellos(identity: Identity, hello: dict[str, Any], message: str)
     [
         pytest.param("n1", True, id="same-node"),
         pytest.param(None, True, id="unknown-pod"),  # skipped as unknown_pod anyway
-        pytest.param("n2", False, id="other-node"),
-        pytest.param("", False, id="unscheduled"),
+        pytest.param("", False, id="unscheduled"),  # this report skipped, the stream kept
     ],
 )
 def test_daemonset_reports_only_for_pods_on_its_node(pod_node: str | None, allowed: bool) -> None:
-    if allowed:
-        check_pod_node("n1", "ray/p", pod_node)
-    else:
-        with pytest.raises(PermissionDenied, match="may not report for pod ray/p"):
-            check_pod_node("n1", "ray/p", pod_node)
+    assert check_pod_node("n1", "ray/p", pod_node) is allowed
+
+
+def test_a_pod_on_another_node_is_permission_denied() -> None:
+    with pytest.raises(PermissionDenied, match="may not report for pod ray/p"):
+        check_pod_node("n1", "ray/p", "n2")
 
 
 # -- the call metadata -------------------------------------------------------------------------
