@@ -31,6 +31,7 @@ from aggregator.auth import (
     ReviewUnavailable,
     TokenReviewer,
     Unauthenticated,
+    Verified,
     check_hello,
     check_pod_node,
 )
@@ -114,10 +115,18 @@ class Guard:
 
     # -- the services' entry points -------------------------------------------------------
 
-    async def admit_stream(self, context: grpc.aio.ServicerContext, hello: pb.Hello) -> StreamGrant:
-        """The token of a Report stream, checked against its (valid) hello."""
+    async def authenticate(self, context: grpc.aio.ServicerContext) -> Verified:
+        """The token of a new Report stream, checked before anything is read from it."""
         try:
-            verified = await self.reviewer.verify(bearer_token(context.invocation_metadata()))
+            return await self.reviewer.verify(bearer_token(context.invocation_metadata()))
+        except AuthError as error:
+            await self._refuse(context, "report", error)
+
+    async def bind(
+        self, context: grpc.aio.ServicerContext, verified: Verified, hello: pb.Hello
+    ) -> StreamGrant:
+        """What the stream's (authenticated) token may report, given its (valid) hello."""
+        try:
             sidecar = hello.mode == pb.AGENT_MODE_SIDECAR
             node = check_hello(
                 verified.identity,

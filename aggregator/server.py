@@ -154,6 +154,7 @@ class Aggregator:
             max_streams_per_peer=settings.max_streams_per_peer,
             max_pods_per_stream=settings.max_pods_per_stream,
             max_reports_per_second=settings.max_reports_per_second,
+            hello_timeout=settings.hello_timeout,
             guard=self.guard if settings.auth == "tokenreview" else None,
         )
         self.port = 0

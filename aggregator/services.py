@@ -69,6 +69,7 @@ class ReportService(pb_grpc.ReportServiceServicer):
         max_streams_per_peer: int = 64,
         max_pods_per_stream: int = 512,
         max_reports_per_second: int = 50,
+        hello_timeout: float = 10.0,
         guard: Guard | None = None,
     ) -> None:
         self._core = core
@@ -78,6 +79,7 @@ class ReportService(pb_grpc.ReportServiceServicer):
         self._max_streams_per_peer = max_streams_per_peer
         self._max_pods_per_stream = max_pods_per_stream
         self._max_reports_per_second = max_reports_per_second
+        self._hello_timeout = hello_timeout
         self._streams_by_peer: dict[str, int] = {}
         self._clock = asyncio.get_running_loop().time
         self._draining: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -172,7 +174,17 @@ class ReportService(pb_grpc.ReportServiceServicer):
     async def _serve_counted_stream(
         self, context: grpc.aio.ServicerContext, token_expiry: asyncio.Timeout
     ) -> None:
-        first = await context.read()
+        # The token first (no hello read for a stranger), then the hello, within its deadline.
+        verified = await self._guard.authenticate(context) if self._guard is not None else None
+        try:
+            async with asyncio.timeout(self._hello_timeout):
+                first = await context.read()
+        except TimeoutError:
+            await self._reject(
+                context,
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"no hello within {self._hello_timeout:g}s of opening the stream (--hello-timeout)",
+            )
         if first is grpc.aio.EOF:
             return
         if first.WhichOneof("kind") != "hello":
@@ -188,8 +200,8 @@ class ReportService(pb_grpc.ReportServiceServicer):
         except wire.InvalidMessage as error:
             await self._reject(context, grpc.StatusCode.INVALID_ARGUMENT, str(error))
         check_pod = None  # a DaemonSet agent's token binds its reports to the token's node
-        if self._guard is not None:
-            grant = await self._guard.admit_stream(context, first.hello)
+        if self._guard is not None and verified is not None:
+            grant = await self._guard.bind(context, verified, first.hello)
             token_expiry.reschedule(grant.deadline)
             if grant.node is not None:
                 check_pod = functools.partial(self._guard.check_pod, context, grant.node)

@@ -166,6 +166,12 @@ class Settings:
         "Report messages one stream may send per second (token bucket, burst = this rate; an "
         "agent sends about one a second); a faster stream is ended (RESOURCE_EXHAUSTED).",
     )
+    hello_timeout: float = setting(
+        10.0,
+        "How long a new Report stream gets to send its hello (agents send it at once); a "
+        "stream still silent then is ended (DEADLINE_EXCEEDED) and frees its place.",
+        duration=True,
+    )
     handshake_timeout: float = setting(
         10.0,
         "How long a new gRPC connection gets to finish its handshake (TCP, TLS, HTTP/2 "
@@ -311,6 +317,7 @@ class Settings:
                 "must be at least 1"
             )
         connection_deadlines = (
+            self.hello_timeout,
             self.handshake_timeout,
             self.keepalive_time,
             self.keepalive_timeout,

@@ -177,3 +177,21 @@ async def test_an_agent_at_the_rate_limit_is_not_cut(start_aggregator: StartAggr
             assert (await stream.read()).ack.sequence == sequence
         assert rejected(aggregator) == 0
         stream.cancel()
+
+
+async def test_a_stream_without_a_hello_is_ended_and_frees_its_place(
+    start_aggregator: StartAggregator,
+) -> None:
+    aggregator = await start_aggregator(hello_timeout=0.3, max_streams_per_peer=2)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{aggregator.port}") as channel:
+        good = await open_stream(channel, name="good")
+        silent = pb_grpc.ReportServiceStub(channel).Report()  # opened, never says hello
+        error = await read_until_error(silent)
+        assert error.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+        assert "no hello within 0.3s" in (error.details() or "")
+        assert rejected(aggregator, "DEADLINE_EXCEEDED") == 1
+        # Its place under --max-streams-per-peer is free again.
+        again = await open_stream(channel, name="again")
+        await assert_still_fine(aggregator, good, 1)
+        good.cancel()
+        again.cancel()
