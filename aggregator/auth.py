@@ -332,9 +332,10 @@ def check_hello(
                 f"the token of pod {identity.namespace}/{identity.pod_name} may not report for "
                 f"{named}: a sidecar reports only for its own pod"
             )
-        if pod_uid and identity.pod_uid and pod_uid != identity.pod_uid:
+        if identity.pod_uid and pod_uid != identity.pod_uid:
+            # Also an empty one: the name alone could be a new pod's, the token an old one's.
             raise PermissionDenied(
-                f"hello.pod.uid {pod_uid} is not the uid of the token's pod "
+                f"hello.pod.uid {pod_uid or '(empty)'} is not the uid of the token's pod "
                 f"{identity.namespace}/{identity.pod_name} ({identity.pod_uid})"
             )
         return None

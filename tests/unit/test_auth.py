@@ -368,7 +368,7 @@ def hello_check(identity: Identity, **hello: Any) -> str | None:
     values: dict[str, Any] = {
         "sidecar": True,
         "pod": ("ray", "p1"),
-        "pod_uid": "",
+        "pod_uid": "uid-p1",  # the sidecar's own (SIDECAR's token is bound to it)
         "node_name": "n1",
         "node_agents": NODE_AGENTS,
         "knows_nodes": True,
@@ -381,7 +381,6 @@ def hello_check(identity: Identity, **hello: Any) -> str | None:
     ("identity", "hello", "expected"),
     [
         pytest.param(SIDECAR, {}, None, id="sidecar-own-pod"),
-        pytest.param(SIDECAR, {"pod_uid": "uid-p1"}, None, id="sidecar-own-pod-and-uid"),
         pytest.param(SIDECAR, {"knows_nodes": False}, None, id="sidecar-memory-backend"),
         pytest.param(NODE_AGENT, {"sidecar": False, "pod": None}, "n1", id="daemonset-own-node"),
     ],
@@ -398,6 +397,7 @@ def test_allowed_hellos(identity: Identity, hello: dict[str, Any], expected: str
             SIDECAR, {"pod": ("other", "p1")}, "may not report for other/p1", id="other-namespace"
         ),
         pytest.param(SIDECAR, {"pod_uid": "uid-old"}, "not the uid", id="replaced-pod"),
+        pytest.param(SIDECAR, {"pod_uid": ""}, r"\(empty\) is not the uid", id="no-uid"),
         pytest.param(
             Identity("system:serviceaccount:ray:default", "ray", "default"),
             {},
