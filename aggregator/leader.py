@@ -331,7 +331,18 @@ class LeaderElector:
         record = LeaseRecord("", 1, now, now, self.observed.transitions)
         seconds = self.settings.call_timeout if call_timeout is None else call_timeout
         try:
-            version = await self._bounded(self.store.update(record, self._version), seconds)
+            try:
+                version = await self._bounded(self.store.update(record, self._version), seconds)
+            except APIConflictError:
+                # A renewal that was cancelled in flight may have landed after all: if the
+                # Lease still names this candidate, release it at its current version.
+                lease = await self._bounded(self.store.get(), seconds)
+                if lease is None or lease.record.holder != self.identity:
+                    log.info(
+                        "lease %s is no longer held by %s", self.store.describe(), self.identity
+                    )
+                    return False
+                version = await self._bounded(self.store.update(record, lease.version), seconds)
         except (APIError, TimeoutError) as error:
             log.warning("cannot release lease %s: %s", self.store.describe(), _why(error))
             return False

@@ -386,14 +386,14 @@ class Aggregator:
             return
         self._stopping = True
         log.info("draining: health NOT_SERVING, closing streams")
+        if self._electing is not None:  # first: no take-over may start anything from now on
+            self._electing.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):  # logged there
+                await self._electing
         await self.health.enter_graceful_shutdown()
         self.core.close_watchers()
         self._reports.close_streams()
         await self._stop_background()
-        if self._electing is not None:
-            self._electing.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):  # logged there
-                await self._electing
         await self._stop_registry()
         if self.elector is not None:
             await self.elector.release()  # only after the last write: the standby may write

@@ -333,6 +333,14 @@ async def test_release_by_a_standby_writes_nothing(world: World) -> None:
     assert world.store.calls == []
 
 
+async def test_release_after_a_renewal_landed_unseen_still_releases(world: World) -> None:
+    a = world.candidate("a")
+    await a.acquire()
+    world.store.put(held_by("a"))  # a renewal cancelled in flight that landed after all
+    assert await a.release()
+    assert world.store.lease.record.holder == ""  # type: ignore[union-attr]
+
+
 async def test_release_after_someone_else_took_over_is_refused(world: World) -> None:
     a = world.candidate("a")
     await a.acquire()
