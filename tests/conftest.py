@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 import pytest
@@ -17,6 +18,22 @@ from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
 from tests.fakes import FakeServeProxy
 
 StartAggregator = Callable[..., Awaitable[Aggregator]]
+
+
+class Runs(Protocol):
+    async def run(self) -> None: ...
+
+
+@contextlib.asynccontextmanager
+async def running(agent: Runs, name: str = "agent") -> AsyncIterator[asyncio.Task[None]]:
+    """``agent.run()`` in a task for the ``async with`` block; cancelled and awaited after."""
+    task = asyncio.create_task(agent.run(), name=name)
+    try:
+        yield task
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from node_agent.identity import Identity
 from node_agent.settings import Settings
 from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
 from servehealth_common.probe import Prober, make_session
-from tests.conftest import StartAggregator, eventually
+from tests.conftest import StartAggregator, eventually, running
 from tests.fakes import FakeServeProxy, refused_port
 
 IDENTITY = Identity("ns", "pod-a", "uid-1", "node-1")
@@ -60,13 +60,8 @@ async def agent_for(proxy: FakeServeProxy, aggregator: str) -> AsyncIterator[Age
             reconnect_max=30.0,  # a backoff (up to 0.2 s at first, then more) would show
         )
         agent = Agent(settings, IDENTITY, Prober(session, settings.probe_timeout))
-        task = asyncio.create_task(agent.run(), name="agent")
-        try:
+        async with running(agent):
             yield agent
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
 
 
 def test_the_addresses_are_split_at_commas() -> None:

@@ -37,7 +37,7 @@ from servehealth_common.http import HTTPClient
 from servehealth_common.probe import Prober, ProbeResult, make_session
 from servehealth_common.states import ServeState
 from tests import fakes
-from tests.conftest import StartAggregator, eventually
+from tests.conftest import StartAggregator, eventually, running
 from tests.fakes import FakeServeProxy, refused_port
 
 IDENTITY_ENV = {
@@ -120,17 +120,6 @@ def make_agent(session: HTTPClient) -> MakeAgent:
         return Agent(settings, IDENTITY, Prober(session, settings.probe_timeout))
 
     return make
-
-
-@contextlib.asynccontextmanager
-async def running(agent: Agent) -> AsyncIterator[asyncio.Task[None]]:
-    task = asyncio.create_task(agent.run(), name="agent")
-    try:
-        yield task
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 def result(state: ServeState) -> ProbeResult:

@@ -40,7 +40,7 @@ from servehealth_common.http import HTTPClient
 from servehealth_common.kube.client import KubeClient
 from servehealth_common.probe import Prober, ProbeResult, make_session
 from servehealth_common.states import ServeState
-from tests.conftest import StartAggregator, eventually
+from tests.conftest import StartAggregator, eventually, running
 from tests.fakes import FakeServeProxy, refused_port
 from tests.kube.emulator import ApiCall, KubeEmulator, make_pod
 
@@ -100,17 +100,6 @@ def make_node_agent(session: HTTPClient, kubeconfig_path: pathlib.Path) -> Itera
     yield make
     for client in clients:
         client.close()
-
-
-@contextlib.asynccontextmanager
-async def running(agent: NodeAgent) -> AsyncIterator[asyncio.Task[None]]:
-    task = asyncio.create_task(agent.run(), name="node-agent")
-    try:
-        yield task
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 def add_pod(

@@ -6,6 +6,9 @@ import grpc
 import pytest
 
 from aggregator.server import Aggregator
+from tests.kube.conftest import kube_emulator, kubeconfig_path
+
+__all__ = ["kube_emulator", "kubeconfig_path"]  # the Kubernetes API emulator of tests/kube
 
 
 @pytest.fixture

@@ -17,7 +17,6 @@ import pathlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-import kmock
 import pytest
 
 from aggregator.server import Aggregator
@@ -46,17 +45,13 @@ class FakePod:
 
 
 @pytest.fixture
-async def kube() -> AsyncIterator[KubeEmulator]:
-    async with KubeEmulator() as emulator, kmock.Server(emulator):
-        try:
-            yield emulator
-        finally:
-            await emulator.close()
+def kube(kube_emulator: KubeEmulator) -> KubeEmulator:
+    return kube_emulator
 
 
 @pytest.fixture
-def kubeconfig(kube: KubeEmulator, tmp_path: pathlib.Path) -> str:
-    return str(kube.write_kubeconfig(tmp_path / "kubeconfig"))
+def kubeconfig(kubeconfig_path: pathlib.Path) -> str:
+    return str(kubeconfig_path)
 
 
 @pytest.fixture

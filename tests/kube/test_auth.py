@@ -40,7 +40,7 @@ from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
 from servehealth_common.probe import Prober, make_session
 from servehealth_common.states import ServeState
 from servehealth_common.tokens import TOKEN_EXPIRED
-from tests.conftest import StartAggregator, eventually
+from tests.conftest import StartAggregator, eventually, running
 from tests.fakes import FakeServeProxy
 from tests.kube.emulator import TOKENREVIEWS, KubeEmulator
 from tests.messages import batch, hello, node_hello, read_until_error, report
@@ -328,13 +328,8 @@ async def running_agent(
     identity = Identity("ray", "p1", uid(kube, "ray", "p1"), "n1")
     async with make_session() as session:
         agent = Agent(settings, identity, Prober(session, settings.probe_timeout))
-        task = asyncio.create_task(agent.run(), name="agent")
-        try:
+        async with running(agent):
             yield agent
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
 
 
 async def test_the_agent_sends_its_rotated_token_on_the_next_stream(
