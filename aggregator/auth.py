@@ -12,11 +12,11 @@ TokenReview call is injected), and every clock is injected. The story of one tok
     review(token, audience): the TokenReview API
          ├─ API trouble (5xx, timeout, 403 to the aggregator) ──> ReviewUnavailable (not cached)
          ├─ not authenticated, audience not ours ──> Unauthenticated (cached a few seconds)
-         └─ authenticated ──> Identity (cached until exp, at most CACHE_FOR)
+         └─ authenticated ──> TokenIdentity (cached until exp, at most CACHE_FOR)
 
-    Identity + hello ── check_hello ── sidecar: the token's pod is the hello's pod
+    TokenIdentity + hello ── check_hello ── sidecar: the token's pod is the hello's pod
                                     └─ DaemonSet: an allowed ServiceAccount, on the hello's node
-    Identity + each new pod of a DaemonSet stream ── check_pod_node: the pod runs on its node
+    TokenIdentity + each new pod of a DaemonSet stream ── check_pod_node: the pod runs on its node
 
 A token's identity is what a kube-apiserver puts in the TokenReview of a projected (bound)
 ServiceAccount token: ``status.user.username`` ``system:serviceaccount:<ns>:<name>`` and
@@ -91,7 +91,7 @@ class ReviewUnavailable(AuthError):
 
 
 @dataclass(frozen=True, slots=True)
-class Identity:
+class TokenIdentity:
     """Who a reviewed token belongs to. Only ServiceAccount tokens have a namespace and a
     ServiceAccount; only tokens bound to a pod have a pod (and, since 1.30, a node)."""
 
@@ -117,7 +117,7 @@ class Identity:
 class Verified:
     """A genuine token: whose it is, and when (on the reviewer's clock) it expires."""
 
-    identity: Identity
+    identity: TokenIdentity
     expires_at: float
 
 
@@ -128,7 +128,7 @@ def _first(extra: Mapping[str, Any], key: str) -> str:
     return str(values[0]) if isinstance(values, list) and values else ""
 
 
-def identity_from_review(review: Mapping[str, Any], audience: str) -> Identity:
+def identity_from_review(review: Mapping[str, Any], audience: str) -> TokenIdentity:
     """The identity a TokenReview answer vouches for, or Unauthenticated.
 
     ``status.audiences`` must name ``audience``: an API server that is not audience-aware
@@ -148,7 +148,7 @@ def identity_from_review(review: Mapping[str, Any], audience: str) -> Identity:
     namespace = service_account = ""
     if username.startswith(SERVICE_ACCOUNT_PREFIX):
         namespace, _, service_account = username.removeprefix(SERVICE_ACCOUNT_PREFIX).partition(":")
-    return Identity(
+    return TokenIdentity(
         username=username,
         namespace=namespace,
         service_account=service_account,
@@ -298,7 +298,7 @@ class TokenReviewer:
 
 
 def check_hello(
-    identity: Identity,
+    identity: TokenIdentity,
     *,
     sidecar: bool,
     pod: tuple[str, str] | None,

@@ -3,17 +3,29 @@ that end connections which stopped making progress (docs/benchmarks.md, "Connect
 
 from __future__ import annotations
 
-from aggregator.settings import Settings
+from dataclasses import dataclass
 
 #: Largest message the aggregator sends (a ListPods answer for a big fleet).
 MAX_SEND_MESSAGE_BYTES = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class GrpcServerSettings:
+    """The connection limits and deadlines of the gRPC port (flags of the same names)."""
+
+    max_message_bytes: int = 64 * 1024
+    handshake_timeout: float = 10.0
+    keepalive_time: float = 30.0
+    keepalive_timeout: float = 10.0
+    max_connection_idle: float = 300.0
+    max_connections: int = 20_000
 
 
 def _ms(seconds: float) -> int:
     return max(1, round(seconds * 1000))
 
 
-def server_options(settings: Settings) -> list[tuple[str, int]]:
+def server_options(settings: GrpcServerSettings) -> list[tuple[str, int]]:
     """Channel arguments for ``grpc.aio.server(options=...)``; names from grpc's
     ``include/grpc/impl/channel_arg_names.h``."""
     options = [

@@ -8,9 +8,9 @@ import os
 import signal
 from collections.abc import Sequence
 
+from aggregator.flags import AggregatorFlags
 from aggregator.kube.lease import LeaderElectionConfigError
-from aggregator.server import Aggregator
-from aggregator.settings import Settings
+from aggregator.wiring import build_aggregator
 from servehealth_common import logs, runtime
 from servehealth_common.config import load
 from servehealth_common.kube.client import NoKubeConfig
@@ -21,14 +21,14 @@ DESCRIPTION = (
 )
 
 
-def parse(argv: Sequence[str] | None = None) -> Settings:
-    return load(Settings, argv, os.environ, "serve-health-aggregator", DESCRIPTION)
+def parse(argv: Sequence[str] | None = None) -> AggregatorFlags:
+    return load(AggregatorFlags, argv, os.environ, "serve-health-aggregator", DESCRIPTION)
 
 
-async def run(settings: Settings) -> int:
+async def run(settings: AggregatorFlags) -> int:
     """Serve until SIGTERM/SIGINT (exit 0), or until leadership is lost (exit 1: the
     Deployment restarts the replica, which comes back as a standby)."""
-    aggregator = Aggregator(settings)
+    aggregator = build_aggregator(settings)
     await aggregator.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

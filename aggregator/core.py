@@ -1,7 +1,10 @@
 """What happens when an agent says hello, reports, or goes away: the aggregator's one story.
 
-The core owns the tracker and acts on its transitions (label, log line, metrics, watchers).
-It knows nothing of gRPC: servicers translate messages into calls here.
+The core owns the tracker and acts on its transitions: the label it asks of the registry, the
+log line, metrics, watchers, pulls and PANIC. It knows nothing of gRPC or Kubernetes: the
+servicers translate messages into calls here, the registry reports the pods it discovers
+(:class:`~aggregator.registry.PodSink`), and the puller and the inspection service read pods
+through the query methods at the end (nothing outside the tracker changes a pod record).
 """
 
 from __future__ import annotations
@@ -9,45 +12,49 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import AsyncIterator, Iterable
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Protocol
 
 from aggregator.metrics import Metrics
-from aggregator.protection import Protection
-from aggregator.registry import PodInfo, PodRegistry
-from aggregator.tracker import Observation, PodKey, Tracker, Transition
+from aggregator.panic import PanicDetector
+from aggregator.registry import PodRegistry
+from aggregator.tracker import Observation, PodRecord, StateChange, Tracker
+from aggregator.transition_feed import TransitionFeed
+from servehealth_common.pod_identity import PodInfo, PodKey
 from servehealth_common.states import ServeState, label_value
 
 log = logging.getLogger(__name__)
-
-#: Transitions buffered per watcher before a slow watcher is cut off.
-WATCH_QUEUE_SIZE = 1024
 
 
 class NotAdmitted(Exception):
     """The registry refuses to track a pod an agent named."""
 
 
-class WatcherTooSlow(Exception):
-    """A WatchTransitions client fell more than WATCH_QUEUE_SIZE transitions behind."""
-
-
-@dataclass(eq=False)
-class _Watcher:
-    namespace: str
-    queue: asyncio.Queue[Transition | None] = field(
-        default_factory=lambda: asyncio.Queue(WATCH_QUEUE_SIZE)
-    )
-    overflowed: bool = False
-
-
-class Puller(Protocol):
-    """What the core asks of the pull fallback (aggregator.puller.Puller)."""
+class PullTrigger(Protocol):
+    """What the core asks of the pull fallback (:class:`aggregator.puller.Puller`)."""
 
     def can_pull(self, key: PodKey) -> bool: ...
 
-    def pull_now(self, keys: Iterable[PodKey]) -> None: ...
+    def pull_now(self, keys: Iterable[PodKey]) -> object: ...
+
+
+@dataclass(frozen=True, slots=True)
+class CoreSettings:
+    #: How long a pod that turned UNHEALTHY or SILENT waits before it leaves service.
+    panic_settle: float = 0.0
+    #: PANIC needs at least this many suspect pods.
+    panic_min_pods: int = 3
+
+
+@dataclass(frozen=True, slots=True)
+class FleetSummary:
+    """The fleet at a glance (GetSummary)."""
+
+    counts: dict[ServeState, int]
+    agents_connected: int
+    panic: bool
+    pods_in_pull_mode: int
 
 
 #: Failures a blind aggregator would also see; the only ones that count towards PANIC.
@@ -60,22 +67,20 @@ class Core:
         tracker: Tracker,
         registry: PodRegistry,
         metrics: Metrics,
-        protection: Protection | None = None,
-        *,
-        panic_settle: float = 0.0,
-        panic_min_pods: int = 3,
+        panic_detector: PanicDetector,
+        pulls: PullTrigger,
+        settings: CoreSettings,
     ) -> None:
-        self.tracker = tracker
-        self.registry = registry
-        self.metrics = metrics
-        self.protection = protection or Protection(1.0, tracker.settings.heartbeat_ttl, tracker.now)
-        self.panic_settle = panic_settle
-        self.panic_min_pods = panic_min_pods
-        self.puller: Puller | None = None
+        self._tracker = tracker
+        self._registry = registry
+        self._metrics = metrics
+        self._panic = panic_detector
+        self._pulls = pulls
+        self._settings = settings
+        self._feed = TransitionFeed(metrics.watchers.set)
         self._held: set[PodKey] = set()
         self._stream_ids = itertools.count(1)
         self._agents: set[int] = set()
-        self._watchers: set[_Watcher] = set()
         self._reports = metrics.reports
         metrics.track_pods(tracker.counts)
         metrics.track_pull_mode(self.pods_in_pull_mode)
@@ -89,44 +94,39 @@ class Core:
     def hello(self, pods: Iterable[PodInfo]) -> int:
         """An agent opened a stream for ``pods``; returns the stream's id."""
         for pod in pods:
-            self.admit(pod)
+            self._admit(pod)
         stream = next(self._stream_ids)
         self._agents.add(stream)
-        self.metrics.agents_connected.set(len(self._agents))
+        self._metrics.agents_connected.set(len(self._agents))
         return stream
 
-    def admit(self, pod: PodInfo) -> None:
-        record = self.tracker.get(pod.key)
+    def _admit(self, pod: PodInfo) -> None:
+        record = self._tracker.get(pod.key)
         if record is None:
-            if not self.registry.admit(pod):
+            if not self._registry.admit(pod):
                 raise NotAdmitted(
-                    f"pod {pod.key} is not known to the {self.registry.name} backend "
+                    f"pod {pod.key} is not known to the {self._registry.name} backend "
                     "(not discovered yet, or not matched by the pod selector)"
                 )
             log.info("tracking pod %s (node %s)", pod.key, pod.node_name or "?")
-            self.tracker.register(pod.key, pod.uid, pod.node_name)
+            self._tracker.register(pod.key, pod.uid, pod.node_name)
         elif pod.uid and record.uid and pod.uid != record.uid:
-            if self.registry.seeds_from_cluster:  # the cluster knows which pod is current
+            if self._registry.seeds_from_cluster:  # the cluster knows which pod is current
                 raise NotAdmitted(
                     f"pod {pod.key} has uid {record.uid} in the cluster, not {pod.uid} "
                     "(an agent of a replaced pod?)"
                 )
             log.info("pod %s is a new pod (uid %s); starting over", pod.key, pod.uid)
-            self.tracker.register(pod.key, pod.uid, pod.node_name)
+            self._tracker.register(pod.key, pod.uid, pod.node_name)
 
     def report(self, stream: int, key: PodKey, observation: Observation) -> bool:
         """The hot path: one pod's report from the agent on ``stream``; True if it changed
-        the pod's state."""
-        tracker = self.tracker
-        record = tracker.get(key)
-        if record is None:
-            self.admit(PodInfo(key))
-            record = tracker.get(key)
-            assert record is not None
-        if record.agent != stream:
-            record.agent = stream
+        the pod's state. Raises NotAdmitted for a pod the registry does not know."""
+        tracker = self._tracker
+        if key not in tracker:
+            self._admit(PodInfo(key))
         self._reports.inc()
-        transition = tracker.observe(key, observation)
+        transition = tracker.observe(key, observation, stream)
         if transition is None:
             return False
         self._apply(transition)
@@ -136,40 +136,60 @@ class Core:
         """The stream ended (agent gone, network, shutdown); its pods keep their state, and
         the puller (if it can reach them) asks their proxies at once."""
         keys = list(keys)
-        self.tracker.detach(keys, stream)
+        self._tracker.detach(keys, stream)
         self._agents.discard(stream)
-        self.metrics.agents_connected.set(len(self._agents))
-        if self.puller is not None and not self.tracker.in_grace():
-            self.puller.pull_now(keys)  # is the proxy still there? ask it now
+        self._metrics.agents_connected.set(len(self._agents))
+        if not self._tracker.in_grace():
+            self._pulls.pull_now(keys)  # is the proxy still there? ask it now
 
     # -- pods the registry discovers (PodSink) -------------------------------------------
 
     def pod_seen(self, pod: PodInfo, label: str | None) -> None:
         """A discovered pod. A pod new to the tracker that already carries ``true`` starts as
         SERVING (source SEED): a restarted aggregator takes over without writing anything."""
-        new = pod.key not in self.tracker
-        self.tracker.register(pod.key, pod.uid, pod.node_name)
+        new = pod.key not in self._tracker
+        self._tracker.register(pod.key, pod.uid, pod.node_name)
         if new and label == "true":
-            self.tracker.seed(pod.key, ServeState.SERVING)
+            self._tracker.seed(pod.key, ServeState.SERVING)
 
     def pod_gone(self, key: PodKey) -> None:
-        if key in self.tracker:
+        if key in self._tracker:
             log.info("pod %s deleted; forgetting it", key)
-        self.tracker.forget(key)
+        self._tracker.forget(key)
 
     def desired_label(self, key: PodKey) -> str | None:
-        record = self.tracker.get(key)
+        record = self._tracker.get(key)
         return record.desired_label if record is not None else None
 
     # -- time ---------------------------------------------------------------------------
 
     def expire(self) -> None:
-        for transition in self.tracker.expire():
+        for transition in self._tracker.expire():
+            self._apply(transition)
+
+    def hold_expiry(self, seconds: float) -> None:
+        """No pod goes SILENT, and no pod is pulled, for ``seconds`` (the startup grace)."""
+        self._tracker.hold_expiry(seconds)
+
+    # -- pulls --------------------------------------------------------------------------
+
+    def pulled(self, key: PodKey, observation: Observation, started: float) -> None:
+        """A pull of ``key`` that began at ``started`` (tracker clock) found ``observation``.
+
+        A push that arrived after the pull began is fresher: the pull result is dropped.
+        """
+        record = self._tracker.get(key)
+        if record is None:
+            return
+        if record.pushed_at is not None and record.pushed_at > started:
+            return
+        transition = self._tracker.observe(key, observation)
+        if transition is not None:
             self._apply(transition)
 
     # -- transitions --------------------------------------------------------------------
 
-    def _apply(self, transition: Transition) -> None:
+    def _apply(self, transition: StateChange) -> None:
         new_label = label_value(transition.new)
         source = transition.source.name.lower() if transition.source else "ttl"
         log.info(
@@ -189,69 +209,64 @@ class Core:
                 "label": new_label,
             },
         )
-        self.metrics.transitions.labels(transition.old.name, transition.new.name, source).inc()
+        self._metrics.transitions.labels(transition.old.name, transition.new.name, source).inc()
         if transition.label_changed:
-            self.metrics.label_changes.labels(new_label).inc()
+            self._metrics.label_changes.labels(new_label).inc()
         key = transition.key
         was_bad, is_bad = transition.old in SUSPECT_BAD, transition.new in SUSPECT_BAD
         if is_bad and not was_bad:
-            self.protection.turned_bad()
+            self._panic.turned_bad()
         if is_bad != was_bad:
             self._update_panic()
-        puller = self.puller
-        if transition.new is ServeState.SILENT and puller is not None and puller.can_pull(key):
-            puller.pull_now([key])  # the label waits for what the pull finds
+        if transition.new is ServeState.SILENT and self._pulls.can_pull(key):
+            self._pulls.pull_now([key])  # the label waits for what the pull finds
         elif is_bad and new_label == "false" and self._panic_possible():
             # A timeout or a silence may be the first of many (the aggregator's own trouble):
             # let a mass failure show itself before the pod leaves service.
             loop = asyncio.get_running_loop()
-            loop.call_later(self.panic_settle, self._settled, key, transition)
+            loop.call_later(self._settings.panic_settle, self._settled, key, transition)
         else:
             self._desire(key, new_label, transition)
-        for watcher in self._watchers:
-            if watcher.namespace and watcher.namespace != transition.key.namespace:
-                continue
-            try:
-                watcher.queue.put_nowait(transition)
-            except asyncio.QueueFull:
-                watcher.overflowed = True
+        self._feed.publish(transition)
 
-    def _desire(self, key: PodKey, label: str, transition: Transition | None = None) -> None:
-        """Ask the registry for ``label`` on ``key`` unless PANIC holds a removal."""
-        if label == "false" and self.protection.panic:
+    def _desire(self, key: PodKey, label: str, transition: StateChange | None = None) -> None:
+        """Ask the registry for ``label`` on ``key`` unless PANIC holds a removal (the
+        registry writes only what :func:`aggregator.write_rule.write_needed` calls for)."""
+        if label == "false" and self._panic.panic:
             self._held.add(key)
             return
         self._held.discard(key)
-        if self.registry.label(key) != label:
-            self.registry.desire(key, label, transition)
+        self._registry.desire(key, label, transition)
 
     def _panic_possible(self) -> bool:
         """Whether waiting ``panic_settle`` could matter: a fleet too small to panic skips it."""
-        return self.panic_settle > 0 and len(self.tracker) >= self.panic_min_pods
+        settings = self._settings
+        return settings.panic_settle > 0 and len(self._tracker) >= settings.panic_min_pods
 
-    def _settled(self, key: PodKey, transition: Transition) -> None:
-        record = self.tracker.get(key)
+    def _settled(self, key: PodKey, transition: StateChange) -> None:
+        record = self._tracker.get(key)
         if record is not None:
             self._desire(key, record.desired_label, transition)
 
     def _update_panic(self) -> None:
-        counts = self.tracker.counts()
+        counts = self._tracker.counts()
         bad = sum(counts[state] for state in SUSPECT_BAD)
-        tracked = len(self.tracker) - counts[ServeState.UNKNOWN]
-        if bad < self.panic_min_pods and not self.protection.panic:
+        tracked = len(self._tracker) - counts[ServeState.UNKNOWN]
+        detector = self._panic
+        if bad < self._settings.panic_min_pods and not detector.panic:
             return
-        if not self.protection.update(bad, tracked):
+        if not detector.update(bad, tracked):
             return
-        self.metrics.panic.set(int(self.protection.panic))
-        if self.protection.panic:
+        self._metrics.panic.set(int(detector.panic))
+        if detector.panic:
             log.warning(
                 "PANIC: %d of %d pods turned UNHEALTHY or SILENT within %gs; suspecting the "
                 "aggregator itself (partition, API or DNS trouble): holding every write that "
                 "would take a pod out of service until the share falls to %.0f%% or below",
                 bad,
                 tracked,
-                self.protection.window,
-                self.protection.threshold * 100,
+                detector.window,
+                detector.threshold * 100,
             )
             return
         held, self._held = self._held, set()
@@ -262,62 +277,59 @@ class Core:
             len(held),
         )
         for key in held:
-            record = self.tracker.get(key)
+            record = self._tracker.get(key)
             if record is not None:
                 self._desire(key, record.desired_label)
 
+    # -- what others may read -------------------------------------------------------------
+
     @property
     def panic(self) -> bool:
-        return self.protection.panic
+        return self._panic.panic
+
+    def now(self) -> float:
+        """The tracker's clock (monotonic): the time base of every record."""
+        return self._tracker.now()
+
+    def in_grace(self) -> bool:
+        """Whether the startup grace still runs (agents reconnecting: nobody is pulled)."""
+        return self._tracker.in_grace()
+
+    def pod(self, key: PodKey) -> PodRecord | None:
+        """The record of ``key`` (read it, never change it), or None if it is not tracked."""
+        return self._tracker.get(key)
+
+    def pods(self) -> Iterator[PodRecord]:
+        """Every record (read them, never change them)."""
+        return self._tracker.records()
+
+    def tracked(self) -> int:
+        return len(self._tracker)
+
+    def counts(self) -> dict[ServeState, int]:
+        """Pods per state; every state appears, zeros included."""
+        return self._tracker.counts()
+
+    def pod_info(self, key: PodKey) -> PodInfo | None:
+        """What the registry knows of the pod: its node, address and Serve port."""
+        return self._registry.pod(key)
+
+    def agent_speaks(self, record: PodRecord, now: float) -> bool:
+        """Whether an agent is connected for ``record`` and pushed within the TTL."""
+        return self._tracker.agent_speaks(record, now)
 
     def pods_in_pull_mode(self) -> int:
         """Pods no agent speaks for: without one, or with a silent one."""
-        tracker = self.tracker
+        tracker = self._tracker
         now = tracker.now()
         return sum(1 for record in tracker.records() if not tracker.agent_speaks(record, now))
 
-    # -- pulls --------------------------------------------------------------------------
+    def summary(self) -> FleetSummary:
+        return FleetSummary(self.counts(), len(self._agents), self.panic, self.pods_in_pull_mode())
 
-    def pulled(self, key: PodKey, observation: Observation, started: float) -> None:
-        """A pull of ``key`` that began at ``started`` (tracker clock) found ``observation``.
-
-        A push that arrived after the pull began is fresher: the pull result is dropped.
-        """
-        record = self.tracker.get(key)
-        if record is None:
-            return
-        if record.pushed_at is not None and record.pushed_at > started:
-            return
-        transition = self.tracker.observe(key, observation)
-        if transition is not None:
-            self._apply(transition)
-
-    async def watch(self, namespace: str = "") -> AsyncIterator[Transition]:
-        """Every transition from now on, until :meth:`close_watchers`.
-
-        Raises WatcherTooSlow when the consumer falls behind (it would otherwise hold memory
-        without bound).
-        """
-        watcher = _Watcher(namespace)
-        self._watchers.add(watcher)
-        self.metrics.watchers.set(len(self._watchers))
-        try:
-            while True:
-                if watcher.overflowed:
-                    raise WatcherTooSlow(
-                        f"more than {WATCH_QUEUE_SIZE} transitions behind; reconnect and re-list"
-                    )
-                transition = await watcher.queue.get()
-                if transition is None:
-                    return
-                yield transition
-        finally:
-            self._watchers.discard(watcher)
-            self.metrics.watchers.set(len(self._watchers))
+    def watch(self, namespace: str = "") -> AsyncIterator[StateChange]:
+        """Every transition from now on (:class:`~aggregator.transition_feed.TransitionFeed`)."""
+        return self._feed.watch(namespace)
 
     def close_watchers(self) -> None:
-        for watcher in self._watchers:
-            try:
-                watcher.queue.put_nowait(None)
-            except asyncio.QueueFull:
-                watcher.overflowed = True
+        self._feed.close()

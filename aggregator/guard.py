@@ -13,7 +13,6 @@ no stream outlives its token; an inspection call is checked when it starts.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -22,28 +21,20 @@ from typing import Any, NoReturn
 
 import grpc
 
+from aggregator.admission import peer_host
 from aggregator.auth import (
-    DEFAULT_AUDIENCE,
     EXPIRED,
     AuthError,
-    Identity,
     PermissionDenied,
     ReviewUnavailable,
+    TokenIdentity,
     TokenReviewer,
     Unauthenticated,
     Verified,
     check_hello,
-    check_pod_node,
 )
-from aggregator.kube.api import KubeApi
 from aggregator.metrics import Metrics
-from aggregator.registry import PodRegistry
-from aggregator.services import peer_host
-from aggregator.settings import Settings
-from aggregator.tracker import PodKey
 from servehealth.v1 import servehealth_pb2 as pb
-from servehealth_common.kube.client import NoKubeConfig, load_configuration
-from servehealth_common.kube.errors import APIError
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +76,7 @@ class StreamGrant:
     """A Report stream that may go on: whose it is, when it must end (the event loop's clock),
     and the node a DaemonSet agent's pods must run on (None for a sidecar)."""
 
-    identity: Identity
+    identity: TokenIdentity
     deadline: float
     node: str | None
 
@@ -97,14 +88,16 @@ class Guard:
         self,
         reviewer: TokenReviewer,
         metrics: Metrics,
-        pods: PodRegistry,
         *,
+        knows_nodes: bool,
         node_agents: Collection[str] = (),
         close: Callable[[], None] | None = None,
     ) -> None:
         self.reviewer = reviewer
         self._metrics = metrics
-        self._pods = pods
+        #: Whether the backend knows each pod's node (without that, no DaemonSet agent's
+        #: report could be bound to its node, so none is accepted).
+        self._knows_nodes = knows_nodes
         self._node_agents = frozenset(node_agents)
         self._close = close
         self._logged: OrderedDict[tuple[str, str, str], None] = OrderedDict()
@@ -120,7 +113,7 @@ class Guard:
         try:
             return await self.reviewer.verify(bearer_token(context.invocation_metadata()))
         except AuthError as error:
-            await self._refuse(context, "report", error)
+            await self.refuse(context, "report", error)
 
     async def bind(
         self, context: grpc.aio.ServicerContext, verified: Verified, hello: pb.Hello
@@ -135,23 +128,13 @@ class Guard:
                 pod_uid=hello.pod.uid,
                 node_name=hello.node_name,
                 node_agents=self._node_agents,
-                knows_nodes=self._pods.seeds_from_cluster,
+                knows_nodes=self._knows_nodes,
             )
         except AuthError as error:
-            await self._refuse(context, "report", error)
+            await self.refuse(context, "report", error)
         self._metrics.auth.labels("report", "ok").inc()
         log.debug("report stream from %s: %s", context.peer(), verified.identity)
         return StreamGrant(verified.identity, verified.expires_at, node)
-
-    async def check_pod(self, context: grpc.aio.ServicerContext, node: str, key: PodKey) -> bool:
-        """A DaemonSet agent of ``node`` names ``key`` for the first time on its stream: True
-        if it may report for it, False to skip this report (the pod is on no node yet, as far
-        as this aggregator knows), or the stream ends (PERMISSION_DENIED)."""
-        info = self._pods.pod(key)
-        try:
-            return check_pod_node(node, str(key), info.node_name if info is not None else None)
-        except PermissionDenied as error:
-            await self._refuse(context, "report", error)
 
     async def expired(self, context: grpc.aio.ServicerContext) -> NoReturn:
         """End a Report stream whose token expired; the agent reconnects with its new one."""
@@ -160,20 +143,22 @@ class Guard:
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, EXPIRED)
         raise AssertionError("unreachable")  # pragma: no cover - abort raises
 
-    async def admit_call(self, context: grpc.aio.ServicerContext, service: str) -> Identity:
+    async def admit_call(self, context: grpc.aio.ServicerContext, service: str) -> TokenIdentity:
         """Any genuine token for our audience (inspection is read-only)."""
         try:
             verified = await self.reviewer.verify(bearer_token(context.invocation_metadata()))
         except AuthError as error:
-            await self._refuse(context, service, error)
+            await self.refuse(context, service, error)
         self._metrics.auth.labels(service, "ok").inc()
         return verified.identity
 
     # -- refusals -------------------------------------------------------------------------
 
-    async def _refuse(
+    async def refuse(
         self, context: grpc.aio.ServicerContext, service: str, error: AuthError
     ) -> NoReturn:
+        """End the call with the status of ``error``: counted, and logged once per client
+        address and kind."""
         code = CODES.get(type(error), grpc.StatusCode.UNAUTHENTICATED)
         self._metrics.auth.labels(service, error.result).inc()
         peer = context.peer()
@@ -194,54 +179,3 @@ class Guard:
             )
         await context.abort(code, str(error))
         raise AssertionError("unreachable")  # pragma: no cover - abort raises
-
-
-def make_guard(settings: Settings, metrics: Metrics, pods: PodRegistry) -> Guard | None:
-    """The guard the settings ask for (None when neither --auth nor --inspection-auth checks
-    tokens); NoKubeConfig when they do and no Kubernetes configuration is found."""
-    if settings.auth == "none":
-        log.warning(
-            "--auth none: any client that reaches the gRPC port may report for any pod and "
-            "move it in or out of service; use it only for local use, never in a cluster"
-        )
-    flags = [
-        flag
-        for flag, value in (
-            ("--auth", settings.auth),
-            ("--inspection-auth", settings.inspection_auth),
-        )
-        if value == "tokenreview"
-    ]
-    if not flags:
-        return None
-    try:
-        configuration = load_configuration(settings.kubeconfig)
-    except NoKubeConfig as error:
-        raise NoKubeConfig(
-            f"{' and '.join(f'{flag} tokenreview' for flag in flags)}: tokens are checked with "
-            f"the Kubernetes TokenReview API, and {error}; for local use without Kubernetes, "
-            f"pass {' '.join(f'{flag} none' for flag in flags)}"
-        ) from None
-    api = KubeApi(configuration, timeout=settings.kube_timeout, concurrency=REVIEW_THREADS)
-
-    async def review(token: str, audience: str) -> dict[str, Any]:
-        try:
-            return await api.review_token(token, audience)
-        except APIError as error:
-            raise ReviewUnavailable(
-                f"the Kubernetes API could not check the token ({error}); retry"
-            ) from None
-
-    reviewer = TokenReviewer(
-        review,
-        settings.auth_audience or DEFAULT_AUDIENCE,
-        metrics,
-        clock=asyncio.get_running_loop().time,
-    )
-    return Guard(
-        reviewer,
-        metrics,
-        pods,
-        node_agents=settings.auth_node_agent_service_account,
-        close=api.close,
-    )

@@ -12,18 +12,27 @@ over one keep-alive HTTP client (``servehealth_common.http``). Never one after a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from aggregator.core import Core
 from aggregator.metrics import Metrics
-from aggregator.tracker import Observation, PodKey, PodRecord
-from servehealth_common.probe import Prober, ProbeResult
+from aggregator.tracker import Observation, PodRecord
+from servehealth_common.http import HTTPClient
+from servehealth_common.pod_identity import PodKey
+from servehealth_common.probe import Prober, ProbeResult, make_session
 from servehealth_common.states import Source
 
+if TYPE_CHECKING:
+    from aggregator.core import Core
+
 log = logging.getLogger(__name__)
+
+#: Idle keep-alive connections the pull fallback keeps at most (one per pod it pulls).
+PULL_MAX_IDLE = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,25 +53,31 @@ class PullSettings:
 
 
 class Puller:
+    """Pulls for the core it was started for (:meth:`start`, while this replica leads); asked
+    to pull while stopped, it does nothing."""
+
     def __init__(
         self,
-        core: Core,
-        prober: Prober,
         settings: PullSettings,
         metrics: Metrics,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._core = core
-        self._prober = prober
         self.settings = settings
         self._metrics = metrics
         self._clock = clock
+        self._core: Core | None = None
+        self._session: HTTPClient | None = None
+        self._prober: Prober | None = None
+        self._loop: asyncio.Task[None] | None = None
         self._in_flight: dict[PodKey, asyncio.Task[None]] = {}
 
-    # -- what the core asks -------------------------------------------------------------
+    # -- what the core asks (PullTrigger) -----------------------------------------------
 
     def url(self, key: PodKey) -> str | None:
-        pod = self._core.registry.pod(key)
+        """Where the pod's proxy answers, if this puller runs and the pod's address is known."""
+        if self._core is None:
+            return None
+        pod = self._core.pod_info(key)
         if pod is None or not pod.pod_ip or not pod.serve_port:
             return None
         host = f"[{pod.pod_ip}]" if ":" in pod.pod_ip else pod.pod_ip
@@ -71,30 +86,32 @@ class Puller:
     def can_pull(self, key: PodKey) -> bool:
         return self.url(key) is not None
 
-    def pull_now(self, keys: Iterable[PodKey]) -> None:
+    def pull_now(self, keys: Iterable[PodKey]) -> list[asyncio.Task[None]]:
+        """Start a pull of each of ``keys`` not being pulled already; the pulls started."""
+        started = []
         for key in keys:
             url = self.url(key)
             if url is not None and key not in self._in_flight:
                 task = asyncio.create_task(self._pull(key, url), name=f"pull {key}")
                 self._in_flight[key] = task
-
-    async def sweep(self, keys: Iterable[PodKey]) -> None:
-        """Pull ``keys`` now and wait until every pull is done (a full sweep)."""
-        self.pull_now(keys)
-        await asyncio.gather(*self._in_flight.values(), return_exceptions=True)
+                started.append(task)
+        return started
 
     # -- the work -----------------------------------------------------------------------
 
     async def _pull(self, key: PodKey, url: str) -> None:
+        core, prober = self._core, self._prober
+        assert core is not None
+        assert prober is not None
         try:
-            record = self._core.tracker.get(key)
+            record = core.pod(key)
             previous = record.state if record is not None else None
             started = self._clock()
             # The prober bounds probes in flight (pull_concurrency); a slot is not held while
             # a failure waits for its confirmation.
-            result = await self._prober.probe_confirmed(url, previous, self.settings.confirm_delay)
+            result = await prober.probe_confirmed(url, previous, self.settings.confirm_delay)
             self._record(result)
-            self._core.pulled(key, observation(result), started)
+            core.pulled(key, observation(result), started)
         except Exception:  # one pod's surprise must not stop the others
             log.exception("pull of pod %s failed", key)
         finally:
@@ -104,9 +121,9 @@ class Puller:
         self._metrics.pull_probes.labels(result.state.name).inc()
         self._metrics.pull_latency.observe(result.latency)
 
-    def due(self, record: PodRecord, now: float) -> bool:
+    def _due(self, core: Core, record: PodRecord, now: float) -> bool:
         """Whether ``record`` should be pulled now."""
-        if self._core.tracker.agent_speaks(record, now):
+        if core.agent_speaks(record, now):
             return False
         if record.observed_at is None:
             return True
@@ -117,24 +134,43 @@ class Puller:
         )
         return now - record.observed_at >= interval
 
-    async def run(self) -> None:
+    def start(self, core: Core) -> None:
+        """Pull for ``core`` from now on (this replica leads), until :meth:`stop`."""
+        settings = self.settings
+        self._session = make_session(max_idle=PULL_MAX_IDLE, max_idle_per_host=1)
+        self._prober = Prober(
+            self._session, settings.pull_timeout, self._clock, concurrency=settings.pull_concurrency
+        )
+        self._core = core
+        self._loop = asyncio.create_task(self._run(core), name="puller")
+
+    async def stop(self) -> None:
+        """Stop pulling: every pull in flight is cancelled, the HTTP client closed."""
+        loop, self._loop = self._loop, None
+        self._core = None
+        if loop is not None:
+            loop.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await loop
+        for task in list(self._in_flight.values()):
+            task.cancel()
+        await asyncio.gather(*self._in_flight.values(), return_exceptions=True)
+        if self._session is not None:
+            await self._session.close()
+        self._session = self._prober = None
+
+    async def _run(self, core: Core) -> None:
         """Every tick, pull the pods that are due."""
-        try:
-            while True:
-                now = self._clock()
-                if self._core.tracker.in_grace():  # agents are reconnecting: let them speak
-                    await asyncio.sleep(self.settings.tick)
-                    continue
+        tick = self.settings.tick
+        while True:
+            now = self._clock()
+            if not core.in_grace():  # during it, agents are reconnecting: let them speak
                 self.pull_now(
                     record.key
-                    for record in self._core.tracker.records()
-                    if record.key not in self._in_flight and self.due(record, now)
+                    for record in core.pods()
+                    if record.key not in self._in_flight and self._due(core, record, now)
                 )
-                await asyncio.sleep(self.settings.tick)
-        finally:
-            for task in list(self._in_flight.values()):
-                task.cancel()
-            await asyncio.gather(*self._in_flight.values(), return_exceptions=True)
+            await asyncio.sleep(tick)
 
 
 def observation(result: ProbeResult) -> Observation:

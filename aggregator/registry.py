@@ -1,29 +1,22 @@
 """Where pods come from and where their serve label goes.
 
 A backend answers two questions for the core: may this pod be tracked (``admit``), and make
-this pod's label say this (``set_label``). The in-memory backend needs no cluster: pods
-register through their agent's hello and labels live in a dict.
+this pod say this (``desire``): it writes what :func:`aggregator.write_rule.write_needed` calls
+for, given what the pod ``carried``. The in-memory backend needs no cluster: pods register
+through their agent's hello and labels live in a dict.
 """
 
 from __future__ import annotations
 
 import abc
 import logging
-from dataclasses import dataclass
 from typing import Protocol
 
-from aggregator.tracker import PodKey, Transition
+from aggregator.tracker import StateChange
+from aggregator.write_rule import WriteKind, write_needed
+from servehealth_common.pod_identity import PodInfo, PodKey
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class PodInfo:
-    key: PodKey
-    uid: str = ""
-    node_name: str = ""
-    pod_ip: str = ""  # for the pull fallback; unknown in the memory backend
-    serve_port: int = 0
 
 
 class PodSink(Protocol):
@@ -57,7 +50,7 @@ class PodRegistry(abc.ABC):
         """An agent names ``pod``: may the aggregator track it?"""
 
     @abc.abstractmethod
-    def desire(self, key: PodKey, value: str, transition: Transition | None = None) -> None:
+    def desire(self, key: PodKey, value: str, transition: StateChange | None = None) -> None:
         """Make the pod's label say ``value`` (applied in the background by writing backends).
 
         ``transition`` is the state change behind it, for events and condition messages.
@@ -68,8 +61,8 @@ class PodRegistry(abc.ABC):
         return None
 
     @abc.abstractmethod
-    def label(self, key: PodKey) -> str | None:
-        """The label value the pod carries now, as far as the backend knows."""
+    def carried(self, key: PodKey, kind: WriteKind) -> str | None:
+        """What the pod carries now for ``kind``, as far as the backend knows (None: absent)."""
 
     def forget(self, key: PodKey) -> None:  # noqa: B027 - optional hook
         """The core no longer tracks ``key``."""
@@ -87,13 +80,13 @@ class MemoryRegistry(PodRegistry):
     def admit(self, pod: PodInfo) -> bool:
         return True
 
-    def desire(self, key: PodKey, value: str, transition: Transition | None = None) -> None:
-        if self._labels.get(key) != value:
+    def desire(self, key: PodKey, value: str, transition: StateChange | None = None) -> None:
+        if write_needed(WriteKind.LABEL, self.carried(key, WriteKind.LABEL), value):
             self._labels[key] = value
             log.info("label %s=%s on pod %s (memory backend)", self.label_key, value, key)
 
-    def label(self, key: PodKey) -> str | None:
-        return self._labels.get(key)
+    def carried(self, key: PodKey, kind: WriteKind) -> str | None:
+        return self._labels.get(key) if kind is WriteKind.LABEL else None
 
     def forget(self, key: PodKey) -> None:
         self._labels.pop(key, None)

@@ -10,19 +10,11 @@ from __future__ import annotations
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import NamedTuple
 
+from servehealth_common.pod_identity import PodKey
 from servehealth_common.states import ServeState, Source, label_value
 
 Clock = Callable[[], float]
-
-
-class PodKey(NamedTuple):
-    namespace: str
-    name: str
-
-    def __str__(self) -> str:
-        return f"{self.namespace}/{self.name}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +29,7 @@ class Observation:
 
 
 @dataclass(frozen=True, slots=True)
-class Transition:
+class StateChange:
     key: PodKey
     old: ServeState
     new: ServeState
@@ -154,9 +146,6 @@ class Tracker:
             self._pulled.pop(key, None)
             self._counts[record.state] -= 1
 
-    def attach(self, key: PodKey, agent: int) -> None:
-        self._records[key].agent = agent
-
     def detach(self, keys: Iterable[PodKey], agent: int) -> None:
         """The stream ``agent`` closed: its pods have no agent (unless another took them over)."""
         for key in keys:
@@ -166,9 +155,16 @@ class Tracker:
 
     # -- observations -------------------------------------------------------------------
 
-    def observe(self, key: PodKey, observation: Observation) -> Transition | None:
-        """Record an observation of a registered pod; returns the transition it caused, if any."""
+    def observe(
+        self, key: PodKey, observation: Observation, agent: int | None = None
+    ) -> StateChange | None:
+        """Record an observation of a registered pod; returns the transition it caused, if any.
+
+        ``agent``: the stream that pushed it, which now speaks for the pod.
+        """
         record = self._records[key]
+        if agent is not None:
+            record.agent = agent
         now = self._clock()
         record.touched_at = record.observed_at = now
         if observation.source is Source.PUSH:
@@ -188,7 +184,7 @@ class Tracker:
             queue[key] = None
         return self._gate(record, observation.state, now, observation.source)
 
-    def expire(self) -> list[Transition]:
+    def expire(self) -> list[StateChange]:
         """Pods not observed for longer than their TTL become SILENT: the heartbeat TTL after
         a push (or since registration), the pull TTL after a pull."""
         now = self._clock()
@@ -201,9 +197,9 @@ class Tracker:
 
     def _expire(
         self, queue: OrderedDict[PodKey, None], now: float, ttl: float, what: str
-    ) -> list[Transition]:
+    ) -> list[StateChange]:
         deadline = now - ttl
-        transitions: list[Transition] = []
+        transitions: list[StateChange] = []
         records = self._records
         while queue:
             key = next(iter(queue))
@@ -219,7 +215,7 @@ class Tracker:
 
     def _gate(
         self, record: PodRecord, observed: ServeState, now: float, source: Source | None
-    ) -> Transition | None:
+    ) -> StateChange | None:
         """The one transition function.
 
         ::
@@ -262,7 +258,7 @@ class Tracker:
         counts = self._counts
         counts[current] -= 1
         counts[observed] += 1
-        return Transition(record.key, current, observed, source, record.reason, now)
+        return StateChange(record.key, current, observed, source, record.reason, now)
 
     # -- views --------------------------------------------------------------------------
 

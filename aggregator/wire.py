@@ -11,10 +11,10 @@ import re
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from aggregator.registry import PodInfo
-from aggregator.tracker import Observation, PodKey, PodRecord, Transition
+from aggregator.tracker import Observation, PodRecord, StateChange
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth_common.classify import truncate_reason
+from servehealth_common.pod_identity import PodInfo, PodKey
 from servehealth_common.states import OBSERVABLE_STATES, Source, label_value
 
 # Kubernetes: namespaces are RFC 1123 labels, pod names RFC 1123 subdomains.
@@ -125,7 +125,7 @@ def pod_message(record: PodRecord, now: float, wall_now: float) -> pb.Pod:
     return message
 
 
-def transition_message(transition: Transition, now: float, wall_now: float) -> pb.Transition:
+def transition_message(transition: StateChange, now: float, wall_now: float) -> pb.Transition:
     return pb.Transition(
         namespace=transition.key.namespace,
         name=transition.key.name,

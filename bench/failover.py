@@ -51,11 +51,11 @@ import grpc
 import kmock
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from aggregator.settings import Settings as AggregatorSettings
+from aggregator.flags import AggregatorFlags
 from bench import harness
 from node_agent.agent import Agent
-from node_agent.identity import Identity
-from node_agent.settings import Settings as AgentSettings
+from node_agent.flags import AgentFlags
+from node_agent.identity import SidecarPod
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
 from servehealth_common.probe import Prober, make_session
@@ -182,8 +182,8 @@ async def run_agents(
     tasks = []
     try:
         for pod in emulator.list_objects(PODS, NS):
-            identity = Identity(NS, pod["metadata"]["name"], pod["metadata"]["uid"], "node-1")
-            settings = AgentSettings(aggregator=addresses, proxy_url=proxy.url, token_file="")
+            identity = SidecarPod(NS, pod["metadata"]["name"], pod["metadata"]["uid"], "node-1")
+            settings = AgentFlags(aggregator=addresses, proxy_url=proxy.url, token_file="")
             agent = Agent(settings, identity, Prober(session, settings.probe_timeout))
             agents.append(agent)
             tasks.append(asyncio.create_task(agent.run(), name=f"agent {identity}"))
@@ -355,10 +355,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "load_average_after": [round(x, 2) for x in load_after],
         "pods": args.pods,
         "timings": {
-            "lease_duration_s": AggregatorSettings.leader_elect_lease_duration,
-            "renew_deadline_s": AggregatorSettings.leader_elect_renew_deadline,
-            "retry_period_s": AggregatorSettings.leader_elect_retry_period,
-            "agent_reconnect_max_s": AgentSettings.reconnect_max,
+            "lease_duration_s": AggregatorFlags.leader_elect_lease_duration,
+            "renew_deadline_s": AggregatorFlags.leader_elect_renew_deadline,
+            "retry_period_s": AggregatorFlags.leader_elect_retry_period,
+            "agent_reconnect_max_s": AgentFlags.reconnect_max,
         },
         "unit": "seconds after SIGKILL of the leader",
         "kills": [dataclasses.asdict(kill) for kill in kills],

@@ -495,13 +495,23 @@ def tracked_pod_bytes(count: int = 10_000) -> float:
     each agent's gRPC stream (which the RSS figure above includes)."""
     import tracemalloc
 
-    from aggregator.core import Core
+    from aggregator.core import Core, CoreSettings
     from aggregator.metrics import Metrics
-    from aggregator.registry import MemoryRegistry, PodInfo
-    from aggregator.tracker import Observation, PodKey, Tracker, TrackerSettings
+    from aggregator.panic import PanicDetector
+    from aggregator.puller import Puller, PullSettings
+    from aggregator.registry import MemoryRegistry
+    from aggregator.tracker import Observation, Tracker, TrackerSettings
+    from servehealth_common.pod_identity import PodInfo, PodKey
     from servehealth_common.states import ServeState
 
-    core = Core(Tracker(TrackerSettings(), time.monotonic), MemoryRegistry(LABEL), Metrics("b"))
+    core = Core(
+        Tracker(TrackerSettings(), time.monotonic),
+        MemoryRegistry(LABEL),
+        Metrics("b"),
+        PanicDetector(0.5, 3.0, time.monotonic),
+        Puller(PullSettings(5.0, 0.5, 256, 3.0), Metrics("p")),  # not started: pulls nothing
+        CoreSettings(),
+    )
     tracemalloc.start()
     before = tracemalloc.take_snapshot()
     for i in range(count):

@@ -56,9 +56,10 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 import grpc
 import kmock
 
+from aggregator.flags import AggregatorFlags
 from aggregator.kube.registry import KubeRegistry
 from aggregator.server import Aggregator
-from aggregator.settings import Settings
+from aggregator.wiring import build_aggregator
 from servehealth_common.states import ServeState
 from tests.kube.emulator import PODS, ApiCall, KubeEmulator, peak_count
 from tests.messages import batch, open_node_stream
@@ -75,9 +76,13 @@ SETTLE_TIMEOUT = 60.0
 CALL_TIMEOUT = 30.0
 #: The bench reads one ack per message to know it was handled; aggregators that have
 #: ``--ack-every`` ack only changes (and every Nth message) unless told otherwise.
-ACK_EACH = {"ack_every": 1} if "ack_every" in {f.name for f in dataclasses.fields(Settings)} else {}
+ACK_EACH = (
+    {"ack_every": 1} if "ack_every" in {f.name for f in dataclasses.fields(AggregatorFlags)} else {}
+)
 #: The bench's report stream carries no ServiceAccount token (it measures writes, not tokens).
-NO_AUTH = {"auth": "none"} if "auth" in {f.name for f in dataclasses.fields(Settings)} else {}
+NO_AUTH = (
+    {"auth": "none"} if "auth" in {f.name for f in dataclasses.fields(AggregatorFlags)} else {}
+)
 
 
 class FakeClock:
@@ -137,7 +142,7 @@ async def emulator_with_pods(
 async def running_aggregator(
     kubeconfig: Path, clock: Callable[[], float] = time.monotonic, **overrides: Any
 ) -> AsyncIterator[tuple[Aggregator, KubeRegistry]]:
-    settings = Settings(
+    settings = AggregatorFlags(
         listen="127.0.0.1:0",
         metrics_listen="",
         kube_backend="kubernetes",
@@ -145,7 +150,7 @@ async def running_aggregator(
         shutdown_grace=0.2,
         **{**ACK_EACH, **NO_AUTH, **overrides},
     )
-    aggregator = Aggregator(settings, clock=clock)
+    aggregator = build_aggregator(settings, clock=clock)
     await aggregator.start()
     try:
         assert isinstance(aggregator.registry, KubeRegistry)
@@ -212,7 +217,7 @@ async def steady_state(results: Results, pods: int, rounds: int) -> None:
         label_writes = patches(emulator, mark)
         requests = emulator.requests(since=mark)
         writes = [r for r in requests if r.method in ("PATCH", "POST", "PUT", "DELETE")]
-        serving = agg.tracker.counts()[ServeState.SERVING]
+        serving = agg.core.counts()[ServeState.SERVING]
         transitions = sum(
             metric.value
             for family in agg.metrics.transitions.collect()
@@ -270,7 +275,7 @@ async def flapping(seconds: float, success_threshold: int) -> dict[str, Any]:
         call.cancel()
         writes = patches(emulator, mark)
         events = emulator.requests("POST", resource="events", since=mark)
-        final_state = next(s.name for s, n in agg.tracker.counts().items() if n)
+        final_state = next(s.name for s, n in agg.core.counts().items() if n)
 
     changes = sum(1 for before, after in itertools.pairwise(["true", *values]) if before != after)
     return {
@@ -316,7 +321,7 @@ async def flapping_both(results: Results, seconds: float) -> None:
 
 
 async def mass_failure(results: Results, pods: int, give_up_after: float) -> None:
-    settings = Settings(listen="127.0.0.1:0")
+    settings = AggregatorFlags(listen="127.0.0.1:0")
     qps, burst = settings.kube_qps, settings.kube_burst
     expected = max(0.0, (pods - burst) / qps)
     async with (

@@ -8,7 +8,8 @@ The measured side, in this process:
 
 - **ours**: the real aggregator (``aggregator.server.Aggregator`` on the emulator, default
   settings but a startup grace and pull interval long enough that its own loop stays out of
-  the way) and ``Puller.sweep`` of every pod: bounded concurrency, ``--pull-timeout`` per probe,
+  the way) and ``Puller.pull_now`` of every pod, awaited: bounded concurrency, ``--pull-timeout``
+  per probe,
   a failure confirmed by a second probe. A first sweep meets every failure for the first time
   (each hung pod costs timeout + confirm delay + timeout): ``--first-sweeps`` of them, each by a
   freshly started aggregator, then ``--repeats`` "steady" sweeps by the last one, which already
@@ -250,12 +251,12 @@ async def measure_ours(
     fleet: Fleet, pull_timeout: float, repeats: int, concurrency: int | None = None
 ) -> tuple[list[Sweep], dict[str, Any]]:
     """A fresh aggregator: its first sweep (every pod new to it), then ``repeats`` more."""
-    from aggregator.server import Aggregator
-    from aggregator.settings import Settings
-    from aggregator.tracker import PodKey
+    from aggregator.flags import AggregatorFlags
+    from aggregator.wiring import build_aggregator
+    from servehealth_common.pod_identity import PodKey
     from servehealth_common.states import ServeState
 
-    settings = Settings(
+    settings = AggregatorFlags(
         listen=f"{LOOPBACK}:0",
         metrics_listen="",
         kube_backend="kubernetes",
@@ -269,7 +270,7 @@ async def measure_ours(
         log_level="warning",
         **({"pull_concurrency": concurrency} if concurrency else {}),
     )
-    aggregator = Aggregator(settings)
+    aggregator = build_aggregator(settings)
     await aggregator.start()
     sweeps: list[Sweep] = []
     try:
@@ -283,7 +284,7 @@ async def measure_ours(
             "panic_settle_s": settings.panic_settle,
         }
         keys = [PodKey(NAMESPACE, name) for name, _, _ in fleet.pods]
-        missing = [key for key in keys if aggregator.tracker.get(key) is None]
+        missing = [key for key in keys if aggregator.core.pod(key) is None]
         if missing:
             raise RuntimeError(f"{len(missing)} pods not discovered, e.g. {missing[0]}")
         for key, (_, port, _) in zip(keys, fleet.pods, strict=True):
@@ -296,13 +297,13 @@ async def measure_ours(
         for number in range(repeats + 1):
             cpu, fleet_cpu = time.process_time(), cpu_seconds(fleet.process.pid)
             started = time.perf_counter()  # uvloop's loop.time() has 1 ms steps
-            await puller.sweep(keys)
+            await asyncio.gather(*puller.pull_now(keys))
             elapsed = time.perf_counter() - started
             cpu, fleet_cpu = time.process_time() - cpu, cpu_seconds(fleet.process.pid) - fleet_cpu
             states: Counter[str] = Counter()
             wrong = 0
             for key in keys:
-                record = aggregator.tracker.get(key)
+                record = aggregator.core.pod(key)
                 state = record.state if record is not None else None
                 states[state.name if state else "GONE"] += 1
                 wrong += state is not expected[key]

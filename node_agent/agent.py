@@ -2,7 +2,7 @@
 
 The probe loop (:class:`~node_agent.probing.PodProbe`) keeps :attr:`Agent.latest` fresh and
 raises :attr:`Agent.changed` when the state differs from the last one; the stream
-(:class:`~node_agent.stream.ReportStream`) sends a report at once on a change, otherwise one
+(:class:`~node_agent.stream.ReportClient`) sends a report at once on a change, otherwise one
 heartbeat per interval the aggregator asked for, and reconnects forever. The DaemonSet agent
 (:mod:`node_agent.daemonset`) is built from the same two pieces.
 """
@@ -14,10 +14,10 @@ import functools
 import random
 
 from node_agent import __version__
-from node_agent.identity import Identity
+from node_agent.flags import AgentFlags
+from node_agent.identity import SidecarPod
 from node_agent.probing import PodProbe
-from node_agent.settings import Settings
-from node_agent.stream import Outbox, ReportStream
+from node_agent.stream import Outbox, ReportClient
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth_common.probe import Prober, ProbeResult
 
@@ -28,8 +28,8 @@ OWN_POD = "own pod"
 class Agent:
     def __init__(
         self,
-        settings: Settings,
-        identity: Identity,
+        settings: AgentFlags,
+        identity: SidecarPod,
         prober: Prober,
         *,
         rng: random.Random | None = None,
@@ -54,7 +54,7 @@ class Agent:
             node_name=identity.node_name,
             agent_version=__version__,
         )
-        self.stream = ReportStream(settings, hello, self.outbox, who=str(identity), rng=self.rng)
+        self.stream = ReportClient(settings, hello, self.outbox, who=str(identity), rng=self.rng)
 
     async def run(self) -> None:
         async with asyncio.TaskGroup() as group:

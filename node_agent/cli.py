@@ -11,8 +11,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from node_agent.agent import Agent
-from node_agent.identity import Identity, MissingIdentity, node_name_from_environ
-from node_agent.settings import Settings
+from node_agent.flags import AgentFlags
+from node_agent.identity import MissingIdentity, SidecarPod, node_name_from_environ
 from servehealth_common import logs, runtime
 from servehealth_common.config import load
 from servehealth_common.probe import Prober, make_session
@@ -33,7 +33,7 @@ log = logging.getLogger("node_agent")
 MakeAgent = Callable[[Prober], "Agent | NodeAgent"]
 
 
-async def run(settings: Settings, make_agent: MakeAgent) -> None:
+async def run(settings: AgentFlags, make_agent: MakeAgent) -> None:
     async with make_session() as session:
         prober = Prober(session, settings.probe_timeout, concurrency=settings.probe_concurrency)
         agent = make_agent(prober)
@@ -48,7 +48,7 @@ async def run(settings: Settings, make_agent: MakeAgent) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    settings = load(Settings, argv, os.environ, "serve-health-agent", DESCRIPTION)
+    settings = load(AgentFlags, argv, os.environ, "serve-health-agent", DESCRIPTION)
     logs.setup(settings.log_level, settings.log_format)
     try:
         if settings.mode == "daemonset":
@@ -59,8 +59,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
-def _run_sidecar(settings: Settings) -> int:
-    identity = Identity.from_environ(os.environ)
+def _run_sidecar(settings: AgentFlags) -> int:
+    identity = SidecarPod.from_environ(os.environ)
     log.info(
         "agent for pod %s on node %s: probing %s every %gs, reporting to %s",
         identity,
@@ -73,7 +73,7 @@ def _run_sidecar(settings: Settings) -> int:
     return 0
 
 
-def _run_daemonset(settings: Settings) -> int:
+def _run_daemonset(settings: AgentFlags) -> int:
     from node_agent.daemonset import NodeAgent, make_kube_client
     from servehealth_common.kube.client import NoKubeConfig
 

@@ -6,7 +6,7 @@ calls it makes, so its RBAC is ``list`` and ``watch`` on pods. Each pod with an 
 :class:`~node_agent.probing.PodProbe` of ``http://<pod IP>:<serve port>/-/healthz`` (all over
 one HTTP session, at most ``--probe-concurrency`` probes in flight); a pod that vanishes, ends
 (phase Succeeded or Failed) or loses its IP stops being probed and reported. Results go into
-one :class:`~node_agent.stream.Outbox`, which one :class:`~node_agent.stream.ReportStream`
+one :class:`~node_agent.stream.Outbox`, which one :class:`~node_agent.stream.ReportClient`
 (hello in ``AGENT_MODE_DAEMONSET`` with the node's name) sends to the aggregator.
 """
 
@@ -21,13 +21,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from node_agent import __version__
+from node_agent.flags import AgentFlags
 from node_agent.probing import PodProbe
-from node_agent.settings import Settings
-from node_agent.stream import Outbox, ReportStream
+from node_agent.stream import Outbox, ReportClient
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth_common.kube.client import KubeClient, load_configuration
 from servehealth_common.kube.pods import healthz_url, serve_port
 from servehealth_common.kube.watch import PodWatch
+from servehealth_common.pod_identity import PodKey
 from servehealth_common.probe import Prober
 
 log = logging.getLogger(__name__)
@@ -38,10 +39,8 @@ KUBE_THREADS = 2
 #: Phases after which a pod's containers are gone for good.
 FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
 
-PodKey = tuple[str, str]  # (namespace, name)
 
-
-def make_kube_client(settings: Settings) -> KubeClient:
+def make_kube_client(settings: AgentFlags) -> KubeClient:
     """The agent's Kubernetes client: ``--kubeconfig``, else the in-cluster ServiceAccount.
 
     Raises :class:`~servehealth_common.kube.client.NoKubeConfig` without either.
@@ -81,7 +80,7 @@ class PodTarget:
 
     @property
     def key(self) -> PodKey:
-        return (self.namespace, self.name)
+        return PodKey(self.namespace, self.name)
 
     @property
     def probeable(self) -> bool:
@@ -111,7 +110,7 @@ class NodeAgent:
 
     def __init__(
         self,
-        settings: Settings,
+        settings: AgentFlags,
         node_name: str,
         prober: Prober,
         client: KubeClient,
@@ -126,7 +125,7 @@ class NodeAgent:
         hello = pb.Hello(
             mode=pb.AGENT_MODE_DAEMONSET, node_name=node_name, agent_version=__version__
         )
-        self.stream = ReportStream(
+        self.stream = ReportClient(
             settings, hello, self.outbox, who=f"node {node_name}", rng=self.rng
         )
         self.watch = PodWatch(

@@ -1,6 +1,6 @@
 """Who the agent reports for, from the Kubernetes downward API.
 
-A sidecar needs its pod's namespace, name and uid and its node (:class:`Identity`); a DaemonSet
+A sidecar needs its pod's namespace, name and uid and its node (:class:`SidecarPod`); a DaemonSet
 agent only its node (:func:`node_name_from_environ`), as it learns its pods from the API.
 """
 
@@ -40,14 +40,14 @@ def require(environ: Mapping[str, str], names: Sequence[str]) -> None:
 
 
 @dataclass(frozen=True, slots=True)
-class Identity:
+class SidecarPod:
     namespace: str
     name: str
     uid: str
     node_name: str
 
     @classmethod
-    def from_environ(cls, environ: Mapping[str, str]) -> Identity:
+    def from_environ(cls, environ: Mapping[str, str]) -> SidecarPod:
         require(environ, REQUIRED)
         return cls(
             environ["POD_NAMESPACE"], environ["POD_NAME"], environ["POD_UID"], environ["NODE_NAME"]

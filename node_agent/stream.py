@@ -1,6 +1,6 @@
 """The Report stream to the aggregator, the same in both modes.
 
-Probe loops put their results in an :class:`Outbox`; :class:`ReportStream` says hello, then
+Probe loops put their results in an :class:`Outbox`; :class:`ReportClient` says hello, then
 sends a batch at once whenever a pod's state changed (only the pods that changed) and, at the
 heartbeat interval the aggregator asked for, a batch with every pod. A new stream starts with
 every pod's latest result. It reconnects forever, with capped exponential backoff and jitter.
@@ -16,7 +16,7 @@ from collections.abc import Hashable
 
 import grpc
 
-from node_agent.settings import Settings
+from node_agent.flags import AgentFlags
 from node_agent.token import DEFAULT_TOKEN_FILE, TokenFile
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
@@ -111,12 +111,12 @@ class Outbox:
         return key in self._latest
 
 
-class ReportStream:
+class ReportClient:
     """One agent's Report stream: ``hello`` first, then what ``outbox`` holds, forever."""
 
     def __init__(
         self,
-        settings: Settings,
+        settings: AgentFlags,
         hello: pb.Hello,
         outbox: Outbox,
         *,

@@ -41,6 +41,14 @@ def parse_duration(text: str) -> float:
 parse_duration.__name__ = "duration"
 
 
+def split_host_port(address: str) -> tuple[str, int]:
+    """``"0.0.0.0:50051"`` -> ``("0.0.0.0", 50051)``; ``"[::]:50051"`` -> ``("::", 50051)``."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise ValueError(f"not a HOST:PORT address: {address!r}")
+    return host.strip("[]"), int(port)
+
+
 def parse_bool(text: str) -> bool:
     lowered = text.strip().lower()
     if lowered in {"1", "true", "yes", "on"}:

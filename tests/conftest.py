@@ -12,8 +12,9 @@ import grpc
 import pytest
 import uvloop
 
+from aggregator.flags import AggregatorFlags
 from aggregator.server import Aggregator
-from aggregator.settings import Settings
+from aggregator.wiring import build_aggregator
 from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
 from tests.fakes import FakeServeProxy
 
@@ -80,7 +81,7 @@ async def start_aggregator() -> AsyncIterator[StartAggregator]:
     started: list[Aggregator] = []
 
     async def start(clock: Callable[[], float] | None = None, **overrides: Any) -> Aggregator:
-        settings = Settings(
+        settings = AggregatorFlags(
             **{
                 "listen": "127.0.0.1:0",
                 "metrics_listen": "127.0.0.1:0",
@@ -91,7 +92,9 @@ async def start_aggregator() -> AsyncIterator[StartAggregator]:
                 **overrides,
             }
         )
-        aggregator = Aggregator(settings, clock=clock) if clock else Aggregator(settings)
+        aggregator = (
+            build_aggregator(settings, clock=clock) if clock else build_aggregator(settings)
+        )
         await aggregator.start()
         started.append(aggregator)
         return aggregator

@@ -12,8 +12,8 @@ from typing import Any
 
 from kubernetes import client
 
-from aggregator.tracker import PodKey
 from servehealth_common.kube.client import KubeClient
+from servehealth_common.pod_identity import PodKey
 
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"

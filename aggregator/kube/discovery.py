@@ -10,8 +10,8 @@ from collections.abc import Callable
 from aggregator.kube.api import KubeApi
 from aggregator.kube.pods import KubePod, parse_pod
 from aggregator.metrics import Metrics
-from aggregator.tracker import PodKey
 from servehealth_common.kube.watch import PodWatch
+from servehealth_common.pod_identity import PodKey
 
 
 class Discovery(PodWatch[KubePod]):

@@ -10,9 +10,9 @@ from aiolimiter import AsyncLimiter
 
 from aggregator.kube.api import KubeApi
 from aggregator.metrics import Metrics
-from aggregator.registry import PodInfo
-from aggregator.tracker import Transition
+from aggregator.tracker import StateChange
 from servehealth_common.kube.errors import APIError
+from servehealth_common.pod_identity import PodInfo
 from servehealth_common.states import ServeState
 
 log = logging.getLogger(__name__)
@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 COMPONENT = "ray-serve-health"
 
 
-def event_body(pod: PodInfo, transition: Transition) -> dict[str, object]:
+def event_body(pod: PodInfo, transition: StateChange) -> dict[str, object]:
     serving = transition.new is ServeState.SERVING
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     return {
@@ -60,7 +60,7 @@ class EventRecorder:
         self._tasks: set[asyncio.Task[None]] = set()
         self._waiting = 0
 
-    def record(self, pod: PodInfo, transition: Transition) -> None:
+    def record(self, pod: PodInfo, transition: StateChange) -> None:
         # Tokens are taken when a send starts: count the sends already waiting for one, or a
         # burst of transitions would queue instead of being dropped.
         if not self._limiter.has_capacity(self._waiting + 1):
@@ -71,7 +71,7 @@ class EventRecorder:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _send(self, pod: PodInfo, transition: Transition) -> None:
+    async def _send(self, pod: PodInfo, transition: StateChange) -> None:
         try:
             await self._limiter.acquire()
         finally:

@@ -10,7 +10,6 @@ annotations, as client-go's ``LeaseLock`` does.
 
 from __future__ import annotations
 
-import os
 import socket
 import uuid
 from collections.abc import Callable, Mapping
@@ -21,8 +20,6 @@ from kubernetes import client
 
 from aggregator.kube.api import KubeApi
 from aggregator.leader import ElectionSettings, LeaderElector, Lease, LeaseRecord
-from aggregator.settings import Settings
-from servehealth_common.kube.client import load_configuration
 from servehealth_common.kube.errors import APINotFoundError
 
 #: Where a pod finds its own namespace (the ServiceAccount's projected volume).
@@ -156,20 +153,14 @@ def lease_api(configuration: client.Configuration, timings: ElectionSettings) ->
 
 
 def make_elector(
-    settings: Settings,
+    configuration: client.Configuration,
     *,
-    environ: Mapping[str, str] = os.environ,
-    on_renew_failure: Callable[[], None] | None = None,
+    namespace: str,
+    lease_name: str,
+    identity: str,
+    timings: ElectionSettings,
+    on_renew_failure: Callable[[], None],
 ) -> tuple[LeaderElector, KubeLeaseStore]:
-    """The elector ``--leader-elect*`` describe, with a Kubernetes client of its own."""
-    timings = ElectionSettings(
-        lease_duration=int(settings.leader_elect_lease_duration),
-        renew_deadline=settings.leader_elect_renew_deadline,
-        retry_period=settings.leader_elect_retry_period,
-    )
-    namespace = lease_namespace(settings.leader_elect_namespace, environ)
-    api = lease_api(load_configuration(settings.kubeconfig), timings)
-    store = KubeLeaseStore(api, namespace, settings.leader_elect_lease_name)
-    identity = candidate_identity(settings.leader_elect_identity, environ)
-    extra = {"on_renew_failure": on_renew_failure} if on_renew_failure is not None else {}
-    return LeaderElector(store, identity, timings, **extra), store
+    """The elector of Lease ``namespace/lease_name``, with a Kubernetes client of its own."""
+    store = KubeLeaseStore(lease_api(configuration, timings), namespace, lease_name)
+    return LeaderElector(store, identity, timings, on_renew_failure=on_renew_failure), store

@@ -5,9 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from aggregator.registry import PodInfo
-from aggregator.tracker import PodKey
 from servehealth_common.kube.pods import serve_port
+from servehealth_common.pod_identity import PodInfo, PodKey
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,10 +12,12 @@ from aggregator.kube.api import KubeApi
 from aggregator.kube.discovery import Discovery
 from aggregator.kube.events import EventRecorder
 from aggregator.kube.pods import KubePod, parse_pod
-from aggregator.kube.writer import Kind, Writer, WriterSettings
+from aggregator.kube.writer import Writer, WriterSettings
 from aggregator.metrics import Metrics
-from aggregator.registry import PodInfo, PodRegistry, PodSink
-from aggregator.tracker import PodKey, Transition
+from aggregator.registry import PodRegistry, PodSink
+from aggregator.tracker import StateChange
+from aggregator.write_rule import WriteKind, condition_status
+from servehealth_common.pod_identity import PodInfo, PodKey
 
 log = logging.getLogger(__name__)
 
@@ -56,11 +58,6 @@ def older(pod: KubePod, known: KubePod) -> bool:
     return new.isdigit() and old.isdigit() and int(new) < int(old)
 
 
-def condition_value(label: str) -> str:
-    """The readiness-gate condition status that goes with a label value."""
-    return "True" if label == "true" else "False"
-
-
 class KubeRegistry(PodRegistry):
     name = "kubernetes"
     seeds_from_cluster = True
@@ -81,7 +78,7 @@ class KubeRegistry(PodRegistry):
                 concurrency=settings.concurrency,
             ),
             metrics,
-            current=self._current,
+            current=self.carried,
             written=self._written,
             refresh=self._refresh,
         )
@@ -97,6 +94,7 @@ class KubeRegistry(PodRegistry):
         )
         self.events = EventRecorder(api, metrics) if settings.events else None
         self._tasks: list[asyncio.Task[None]] = []
+        self._stopped = False
         metrics.track_writer(lambda: self.writer.pending)
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -111,6 +109,10 @@ class KubeRegistry(PodRegistry):
         ]
 
     async def stop(self) -> None:
+        """Stop discovery and every write (once; a second call does nothing)."""
+        if self._stopped:
+            return
+        self._stopped = True
         self.discovery.stop()
         for task in self._tasks:
             task.cancel()
@@ -130,22 +132,26 @@ class KubeRegistry(PodRegistry):
     def admit(self, pod: PodInfo) -> bool:
         return pod.key in self._pods
 
-    def label(self, key: PodKey) -> str | None:
-        pod = self._pods.get(key)
-        return pod.labels.get(self.settings.label_key) if pod else None
-
-    def desire(self, key: PodKey, value: str, transition: Transition | None = None) -> None:
+    def desire(self, key: PodKey, value: str, transition: StateChange | None = None) -> None:
+        """Hand the writer every target that must say ``value`` (it writes only those that
+        :func:`~aggregator.write_rule.write_needed` calls for); an Event if anything moves."""
         pod = self._pods.get(key)
         if pod is None:
             return
+        moves = False
         if self.settings.writes_label:
-            self.writer.want(key, Kind.LABEL, value)
+            moves |= self.writer.want(key, WriteKind.LABEL, value)
         if self.settings.writes_condition and self.settings.condition_type in pod.readiness_gates:
             message = None
             if transition is not None:
                 message = f"{transition.new.name}: {transition.reason}"[:512]
-            self.writer.want(key, Kind.CONDITION, condition_value(value), message)
-        if self.events is not None and transition is not None and transition.label_changed:
+            moves |= self.writer.want(key, WriteKind.CONDITION, condition_status(value), message)
+        if (
+            moves
+            and self.events is not None
+            and transition is not None
+            and transition.label_changed
+        ):
             self.events.record(pod.info, transition)
 
     def pod(self, key: PodKey) -> PodInfo | None:
@@ -164,20 +170,20 @@ class KubeRegistry(PodRegistry):
         self._pods[pod.key] = pod
         assert self._sink is not None
         self._sink.pod_seen(pod.info, pod.labels.get(self.settings.label_key))
-        # Someone else changed the label (or the condition): put back what we want.
+        # Someone else may have changed the label (or the condition): the writer puts back
+        # what we want wherever write_needed says it differs. A condition nobody wrote yet is
+        # not drift: it is written with the pod's first transition.
         wanted = self._sink.desired_label(pod.key)
         if wanted is None:
             return
-        if self.settings.writes_label and self._current(pod.key, Kind.LABEL) != wanted:
-            self.writer.want(pod.key, Kind.LABEL, wanted)
-        condition = self._current(pod.key, Kind.CONDITION)
+        if self.settings.writes_label:
+            self.writer.want(pod.key, WriteKind.LABEL, wanted)
         if (
             self.settings.writes_condition
             and self.settings.condition_type in pod.readiness_gates
-            and condition is not None
-            and condition != condition_value(wanted)
+            and self.carried(pod.key, WriteKind.CONDITION) is not None
         ):
-            self.writer.want(pod.key, Kind.CONDITION, condition_value(wanted))
+            self.writer.want(pod.key, WriteKind.CONDITION, condition_status(wanted))
 
     def _delete(self, key: PodKey) -> None:
         self._pods.pop(key, None)
@@ -187,16 +193,15 @@ class KubeRegistry(PodRegistry):
 
     # -- writer callbacks ---------------------------------------------------------------
 
-    def _current(self, key: PodKey, kind: Kind) -> str | None:
+    def carried(self, key: PodKey, kind: WriteKind) -> str | None:
         pod = self._pods.get(key)
         if pod is None:
             return None
-        if kind is Kind.LABEL:
-            # No label selects the same as "false": a Service selects "true" only.
-            return pod.labels.get(self.settings.label_key, "false")
+        if kind is WriteKind.LABEL:
+            return pod.labels.get(self.settings.label_key)
         return pod.conditions.get(self.settings.condition_type)
 
-    def _written(self, key: PodKey, kind: Kind, value: str, body: dict[str, Any]) -> None:
+    def _written(self, key: PodKey, kind: WriteKind, value: str, body: dict[str, Any]) -> None:
         pod = self._pods.get(key)
         if pod is None:
             return
@@ -207,7 +212,7 @@ class KubeRegistry(PodRegistry):
             # else: an answer overtaken by a later version of the pod, which already shows this
             # write (and anything written after it, which the watch will judge as drift).
             return
-        if kind is Kind.LABEL:
+        if kind is WriteKind.LABEL:
             self._pods[key] = replace(pod, labels={**pod.labels, self.settings.label_key: value})
         else:
             conditions = {**pod.conditions, self.settings.condition_type: value}

@@ -1,7 +1,8 @@
 """Keeps each pod's serve label (and, in condition mode, its readiness condition) equal to
 what the core wants, with as few API writes as possible and through any API trouble.
 
-- A write happens only when the wanted value differs from what the pod carries.
+- A write happens only when :func:`aggregator.write_rule.write_needed` says so, checked again
+  just before each request (the pod may have changed while the write waited).
 - Per target (pod, kind) at most one write is in flight; a newer wanted value replaces a queued
   one, and a value that became true again before its write is dropped unwritten.
 - Every request takes a token from one client-side bucket (``qps``/``burst``): the Python client
@@ -16,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
-import enum
 import logging
 import random
 from collections.abc import Awaitable, Callable
@@ -27,8 +27,9 @@ from aiolimiter import AsyncLimiter
 
 from aggregator.kube.api import KubeApi
 from aggregator.metrics import Metrics
-from aggregator.tracker import PodKey
+from aggregator.write_rule import WriteKind, write_needed
 from servehealth_common.kube.errors import APIConflictError, APIError, APINotFoundError
+from servehealth_common.pod_identity import PodKey
 
 log = logging.getLogger(__name__)
 
@@ -36,12 +37,7 @@ log = logging.getLogger(__name__)
 RETRY_BACKOFF = (0.2, 0.5, 1.0, 2.0, 3.0, 5.0, 8.0, 13.0, 21.0, 30.0)
 
 
-class Kind(enum.Enum):
-    LABEL = "label"
-    CONDITION = "condition"
-
-
-Target = tuple[PodKey, Kind]
+Target = tuple[PodKey, WriteKind]
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,8 +61,8 @@ class Writer:
         settings: WriterSettings,
         metrics: Metrics,
         *,
-        current: Callable[[PodKey, Kind], str | None],
-        written: Callable[[PodKey, Kind, str, dict[str, Any]], None],
+        current: Callable[[PodKey, WriteKind], str | None],
+        written: Callable[[PodKey, WriteKind, str, dict[str, Any]], None],
         refresh: Callable[[PodKey], Awaitable[None]],
         rng: random.Random | None = None,
     ) -> None:
@@ -84,38 +80,35 @@ class Writer:
         self._in_flight: set[Target] = set()
         self._retries: dict[Target, asyncio.TimerHandle] = {}
         self._attempts: dict[Target, int] = {}
-        self._idle = asyncio.Event()
-        self._idle.set()
 
     # -- what the registry calls --------------------------------------------------------
 
-    def want(self, key: PodKey, kind: Kind, value: str, message: str | None = None) -> None:
+    def want(self, key: PodKey, kind: WriteKind, value: str, message: str | None = None) -> bool:
         """Make ``kind`` of ``key`` say ``value``; ``message`` (conditions) None keeps the one
-        already wanted."""
+        already wanted. True if a write is now pending for it (False: nothing to write)."""
         target = (key, kind)
+        pending = self._wanted.get(target)
+        if pending is None and not write_needed(kind, self._current(key, kind), value):
+            return False
         if message is None:
-            message = self._wanted.get(target, ("", ""))[1]
+            message = pending[1] if pending is not None else ""
         self._wanted[target] = (value, message)
         self._enqueue(target)
+        return True
 
     def forget(self, key: PodKey) -> None:
-        for kind in Kind:
+        for kind in WriteKind:
             target = (key, kind)
             self._wanted.pop(target, None)
             self._attempts.pop(target, None)
             handle = self._retries.pop(target, None)
             if handle is not None:
                 handle.cancel()
-        self._update_idle()
 
     @property
     def pending(self) -> int:
         """Targets waiting for a write (queued, in flight or waiting to retry)."""
         return len(self._wanted)
-
-    async def wait_idle(self) -> None:
-        """Until nothing is left to write (for tests and orderly shutdown)."""
-        await self._idle.wait()
 
     # -- the work -----------------------------------------------------------------------
 
@@ -128,17 +121,12 @@ class Writer:
         if target in self._queued or target in self._in_flight or target in self._retries:
             return
         self._queued.add(target)
-        self._idle.clear()
         self._queue.put_nowait(target)
 
     def _retry(self, target: Target) -> None:
         self._retries.pop(target, None)
         if target in self._wanted:
             self._enqueue(target)
-
-    def _update_idle(self) -> None:
-        if not self._wanted and not self._queued and not self._in_flight:
-            self._idle.set()
 
     async def _work(self) -> None:
         while True:
@@ -161,14 +149,13 @@ class Writer:
                     self._retries[target] = loop.call_later(retry_in, self._retry, target)
                 elif target in self._wanted:
                     self._enqueue(target)  # a newer value came while this write was in flight
-                self._update_idle()
 
     def _settled(self, target: Target) -> bool:
         """True (and the target dropped) when the pod already carries the wanted value."""
         wanted = self._wanted.get(target)
         if wanted is None:
             return True
-        if self._current(*target) == wanted[0]:
+        if not write_needed(target[1], self._current(*target), wanted[0]):
             del self._wanted[target]
             self._attempts.pop(target, None)
             return True
@@ -214,8 +201,8 @@ class Writer:
             del self._wanted[target]
         return None
 
-    async def _send(self, key: PodKey, kind: Kind, value: str, message: str) -> dict[str, Any]:
-        if kind is Kind.LABEL:
+    async def _send(self, key: PodKey, kind: WriteKind, value: str, message: str) -> dict[str, Any]:
+        if kind is WriteKind.LABEL:
             return await self._api.patch_pod(
                 key, {"metadata": {"labels": {self.settings.label_key: value}}}
             )

@@ -13,18 +13,18 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 
+from aggregator.report_service import STANDBY_MESSAGE
 from aggregator.server import Aggregator
-from aggregator.services import STANDBY_MESSAGE
-from aggregator.tracker import PodKey
 from node_agent.agent import Agent
-from node_agent.identity import Identity
-from node_agent.settings import Settings
+from node_agent.flags import AgentFlags
+from node_agent.identity import SidecarPod
 from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
+from servehealth_common.pod_identity import PodKey
 from servehealth_common.probe import Prober, make_session
 from tests.conftest import StartAggregator, eventually, running
 from tests.fakes import FakeServeProxy, refused_port
 
-IDENTITY = Identity("ns", "pod-a", "uid-1", "node-1")
+IDENTITY = SidecarPod("ns", "pod-a", "uid-1", "node-1")
 KEY = PodKey("ns", "pod-a")
 
 
@@ -53,7 +53,7 @@ async def standby() -> AsyncIterator[tuple[Standby, int]]:
 @contextlib.asynccontextmanager
 async def agent_for(proxy: FakeServeProxy, aggregator: str) -> AsyncIterator[Agent]:
     async with make_session() as session:
-        settings = Settings(
+        settings = AgentFlags(
             aggregator=aggregator,
             proxy_url=proxy.url,
             token_file="",
@@ -65,11 +65,11 @@ async def agent_for(proxy: FakeServeProxy, aggregator: str) -> AsyncIterator[Age
 
 
 def test_the_addresses_are_split_at_commas() -> None:
-    settings = Settings(aggregator="127.0.0.1:1, 127.0.0.2:2")
+    settings = AgentFlags(aggregator="127.0.0.1:1, 127.0.0.2:2")
     assert settings.aggregators == ("127.0.0.1:1", "127.0.0.2:2")
-    assert Settings(aggregator="agg:50051").aggregators == ("agg:50051",)
+    assert AgentFlags(aggregator="agg:50051").aggregators == ("agg:50051",)
     with pytest.raises(ValueError, match="empty address"):
-        Settings(aggregator="127.0.0.1:1,,127.0.0.2:2")
+        AgentFlags(aggregator="127.0.0.1:1,,127.0.0.2:2")
 
 
 async def test_a_dead_address_and_a_standby_are_skipped_at_once(
@@ -87,7 +87,7 @@ async def test_a_dead_address_and_a_standby_are_skipped_at_once(
         assert servicer.streams == 1
         # No connect timeout for the dead address (5 s), no backoff: one round, at once.
         assert took < 1.5
-        await eventually(lambda: leader.tracker.get(KEY) is not None)
+        await eventually(lambda: leader.core.pod(KEY) is not None)
 
 
 async def test_the_agent_follows_the_leader_to_the_other_address(
@@ -106,7 +106,7 @@ async def test_the_agent_follows_the_leader_to_the_other_address(
         await eventually(lambda: second.core.agents_connected == 1, timeout=5)
         assert loop.time() - stopped < 1.5  # the next address at once, no backoff
         assert agent.stream.address == f"127.0.0.1:{second.port}"
-        record = await eventually(lambda: second.tracker.get(KEY))
+        record = await eventually(lambda: second.core.pod(KEY))
         assert record.agent is not None
 
 

@@ -2,7 +2,8 @@
 
 - ``Agent.probe_once`` with a real ``Prober`` against real HTTP servers: a first failure is
   confirmed by a second probe ``confirm_delay`` later, unless it is already the reported state.
-- ``Identity.from_environ``: the downward-API variables, and errors naming exactly what is missing.
+- ``SidecarPod.from_environ``: the downward-API variables, and errors naming exactly what is
+  missing.
 - ``python -m node_agent`` as a real subprocess: usage errors, and that it never exits while
   the aggregator is away (only on SIGTERM).
 - The agent against a real in-process aggregator (gRPC on 127.0.0.1): settings from the
@@ -27,13 +28,15 @@ import pytest
 from aiohttp import web
 from google.protobuf.duration_pb2 import Duration
 
-from aggregator.tracker import PodKey, PodRecord
+from aggregator.flags import AggregatorFlags
+from aggregator.tracker import PodRecord
 from node_agent.agent import Agent
-from node_agent.identity import REQUIRED, Identity, MissingIdentity
-from node_agent.settings import Settings
+from node_agent.flags import AgentFlags
+from node_agent.identity import REQUIRED, MissingIdentity, SidecarPod
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
 from servehealth_common.http import HTTPClient
+from servehealth_common.pod_identity import PodKey
 from servehealth_common.probe import Prober, ProbeResult, make_session
 from servehealth_common.states import ServeState
 from tests import fakes
@@ -46,7 +49,7 @@ IDENTITY_ENV = {
     "POD_UID": "uid-1",
     "NODE_NAME": "node-1",
 }
-IDENTITY = Identity("ns", "pod-a", "uid-1", "node-1")
+IDENTITY = SidecarPod("ns", "pod-a", "uid-1", "node-1")
 KEY = PodKey("ns", "pod-a")
 CONFIRM_DELAY = 0.2
 
@@ -112,7 +115,7 @@ def make_agent(session: HTTPClient) -> MakeAgent:
     """``make_agent(proxy_url, aggregator=..., **settings)``: an Agent with a real Prober."""
 
     def make(proxy_url: str, aggregator: str = "127.0.0.1:1", **overrides: Any) -> Agent:
-        settings = Settings(
+        settings = AgentFlags(
             aggregator=aggregator,
             proxy_url=proxy_url,
             **{"confirm_delay": CONFIRM_DELAY, **overrides},
@@ -241,7 +244,7 @@ async def test_probe_loop_sets_latest_and_signals_changes(
 
 
 def test_identity_from_environ() -> None:
-    identity = Identity.from_environ({**IDENTITY_ENV, "OTHER": "x"})
+    identity = SidecarPod.from_environ({**IDENTITY_ENV, "OTHER": "x"})
     assert identity == IDENTITY
     assert str(identity) == "ns/pod-a"
 
@@ -263,7 +266,7 @@ def named_variables(message: str) -> list[str]:
 def test_identity_error_names_exactly_the_missing_variables(missing: list[str]) -> None:
     environ = {key: value for key, value in IDENTITY_ENV.items() if key not in missing}
     with pytest.raises(MissingIdentity) as exc_info:
-        Identity.from_environ(environ)
+        SidecarPod.from_environ(environ)
     message = str(exc_info.value)
     assert named_variables(message) == missing
     assert "downward API" in message
@@ -276,7 +279,7 @@ def test_identity_error_names_exactly_the_missing_variables(missing: list[str]) 
 @pytest.mark.parametrize("empty", REQUIRED)
 def test_identity_empty_variable_counts_as_missing(empty: str) -> None:
     with pytest.raises(MissingIdentity) as exc_info:
-        Identity.from_environ({**IDENTITY_ENV, empty: ""})
+        SidecarPod.from_environ({**IDENTITY_ENV, empty: ""})
     assert named_variables(str(exc_info.value)) == [empty]
 
 
@@ -373,7 +376,7 @@ async def test_cli_never_exits_while_the_aggregator_is_away(fake_proxy: FakeServ
 
 
 def tracked(aggregator: Any) -> Callable[[], PodRecord | None]:
-    return lambda: aggregator.tracker.get(KEY)
+    return lambda: aggregator.core.pod(KEY)
 
 
 async def test_aggregator_settings_set_the_heartbeat_interval(
@@ -398,7 +401,7 @@ async def test_state_change_is_reported_before_the_next_heartbeat(
     start_aggregator: StartAggregator, make_agent: MakeAgent, fake_proxy: FakeServeProxy
 ) -> None:
     aggregator = await start_aggregator(kube_backend="memory")  # heartbeats: 1 s +/- 10 %
-    assert aggregator.settings.heartbeat_interval == 1.0
+    assert AggregatorFlags().heartbeat_interval == 1.0  # the default it runs with
     agent = make_agent(
         fake_proxy.url,
         aggregator=f"127.0.0.1:{aggregator.port}",
@@ -464,7 +467,7 @@ async def test_agent_reconnects_and_resends_its_state(
         reconnect_max=0.5,
     )
     async with running(agent):
-        await eventually(lambda: (r := first.tracker.get(KEY)) and r.state is ServeState.SERVING)
+        await eventually(lambda: (r := first.core.pod(KEY)) and r.state is ServeState.SERVING)
         await first.stop()
         await eventually(lambda: not agent.connected.is_set())
         # A new aggregator on the same address, with heartbeats far apart: the agent's first
@@ -476,7 +479,7 @@ async def test_agent_reconnects_and_resends_its_state(
             heartbeat_ttl=60.0,
         )
         await asyncio.wait_for(agent.connected.wait(), 10)
-        record = await eventually(lambda: second.tracker.get(KEY), timeout=5)
+        record = await eventually(lambda: second.core.pod(KEY), timeout=5)
         await eventually(lambda: record.state is ServeState.SERVING, timeout=5)
         assert agent.heartbeat_interval == 30.0
 

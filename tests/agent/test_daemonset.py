@@ -10,7 +10,7 @@ Kubernetes API emulator (real HTTP, official client) and real loopback Serve pro
   emulator) on one stream: the pods turn SERVING and their label ``true``. Hundreds of pods go
   in batches small enough for the aggregator's message limit.
 - The agent's only API calls are GET list and watch of pods, with ``spec.nodeName`` of its node.
-- Identity: only ``NODE_NAME`` is needed; the CLI as a real process, end to end, in JSON logs.
+- SidecarPod: only ``NODE_NAME`` is needed; the CLI as a real process, end to end, in JSON logs.
 """
 
 from __future__ import annotations
@@ -29,15 +29,17 @@ from typing import Any
 
 import pytest
 
+from aggregator.flags import AggregatorFlags
 from aggregator.server import Aggregator
-from aggregator.tracker import PodKey, PodRecord
+from aggregator.tracker import PodRecord
 from node_agent.daemonset import USER_AGENT, NodeAgent, PodTarget, make_kube_client
+from node_agent.flags import AgentFlags
 from node_agent.identity import REQUIRED, MissingIdentity, node_name_from_environ
-from node_agent.settings import Settings
-from node_agent.stream import MAX_BATCH_REPORTS, Outbox, ReportStream
+from node_agent.stream import MAX_BATCH_REPORTS, Outbox, ReportClient
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth_common.http import HTTPClient
 from servehealth_common.kube.client import KubeClient
+from servehealth_common.pod_identity import PodKey
 from servehealth_common.probe import Prober, ProbeResult, make_session
 from servehealth_common.states import ServeState
 from tests.conftest import StartAggregator, eventually, running
@@ -79,7 +81,7 @@ def make_node_agent(session: HTTPClient, kubeconfig_path: pathlib.Path) -> Itera
     clients: list[KubeClient] = []
 
     def make(aggregator: str | None = None, **overrides: Any) -> NodeAgent:
-        settings = Settings(
+        settings = AgentFlags(
             **{
                 "aggregator": aggregator or f"{LOOPBACK}:{refused_port()}",
                 "mode": "daemonset",
@@ -125,7 +127,7 @@ def agent_calls(kube: KubeEmulator) -> list[ApiCall]:
 
 
 def record(aggregator: Aggregator, name: str) -> PodRecord | None:
-    return aggregator.tracker.get(PodKey("default", name))
+    return aggregator.core.pod(PodKey("default", name))
 
 
 def serving(aggregator: Aggregator, name: str) -> bool:
@@ -255,19 +257,19 @@ async def test_many_pods_go_in_batches_the_aggregator_accepts(
     message limit in one batch, fine in batches of MAX_BATCH_REPORTS."""
     assert MAX_BATCH_REPORTS < 300
     aggregator = await start_aggregator(kube_backend="memory")
-    assert aggregator.settings.max_message_bytes == 64 * 1024
-    settings = Settings(aggregator=f"{LOOPBACK}:{aggregator.port}", mode="daemonset")
+    assert AggregatorFlags().max_message_bytes == 64 * 1024  # the default it runs with
+    settings = AgentFlags(aggregator=f"{LOOPBACK}:{aggregator.port}", mode="daemonset")
     outbox = Outbox()
     result = ProbeResult(ServeState.NOT_READY, "x" * 256, 503, 0.0)
     for i in range(300):
         ref = pb.PodRef(namespace="default", name=f"pod-{i}", uid=f"uid-{i}")
         outbox.put(("default", f"pod-{i}"), ref, result, True)
     hello = pb.Hello(mode=pb.AGENT_MODE_DAEMONSET, node_name=NODE, agent_version="test")
-    stream = ReportStream(settings, hello, outbox, who=f"node {NODE}", rng=random.Random(1))
+    stream = ReportClient(settings, hello, outbox, who=f"node {NODE}", rng=random.Random(1))
     task = asyncio.create_task(stream.run())
     try:
         # One message this big would end the stream (RESOURCE_EXHAUSTED) on every attempt.
-        await eventually(lambda: aggregator.tracker.counts()[ServeState.NOT_READY] == 300)
+        await eventually(lambda: aggregator.core.counts()[ServeState.NOT_READY] == 300)
         assert aggregator.core.agents_connected == 1
     finally:
         task.cancel()

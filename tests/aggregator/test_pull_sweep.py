@@ -1,6 +1,7 @@
 """The pull fallback at fleet scale, against the Kubernetes API emulator and real HTTP proxies.
 
-- One full sweep (``Puller.sweep``) of 500 pods, 10 % of them hung (the connection is accepted,
+- One full sweep (``Puller.pull_now`` of every pod, awaited) of 500 pods, 10 % of them hung (the
+  connection is accepted,
   nothing is answered) and 10 % refusing connections, completes within 3 x the pull timeout,
   and gives each pod the right state (SERVING, UNHEALTHY, NO_PROXY) with source PULL.
 - Pure-pull mode (no agent at all, the aggregator's own pull loop): the serve labels in the
@@ -20,7 +21,8 @@ from dataclasses import dataclass
 import pytest
 
 from aggregator.server import Aggregator
-from aggregator.tracker import PodKey, Transition
+from aggregator.tracker import StateChange
+from servehealth_common.pod_identity import PodKey
 from servehealth_common.states import ServeState, Source
 from tests.conftest import StartAggregator, eventually
 from tests.fakes import HEALTHY, NOT_POPULATED, FakeServeProxy, refused_port
@@ -141,20 +143,20 @@ async def test_full_sweep_of_500_pods_within_three_pull_timeouts(
     )
     puller = aggregator.puller
     assert puller is not None
-    assert all(aggregator.tracker.get(pod.key) is not None for pod in pods)  # listed at start
+    assert all(aggregator.core.pod(pod.key) is not None for pod in pods)  # listed at start
     assert_loopback_only(aggregator, pods)
     counts = {state: sum(p.expected is state for p in pods) for state in ServeState}
     assert (counts[ServeState.UNHEALTHY], counts[ServeState.NO_PROXY]) == (50, 50)
 
     loop = asyncio.get_running_loop()
     started = loop.time()
-    await puller.sweep([pod.key for pod in pods])
+    await asyncio.gather(*puller.pull_now([pod.key for pod in pods]))
     elapsed = loop.time() - started
     print(f"\nfull pull sweep of {len(pods)} pods (10% hung, 10% refused): {elapsed:.3f}s")
 
     wrong = {}
     for pod in pods:
-        record = aggregator.tracker.get(pod.key)
+        record = aggregator.core.pod(pod.key)
         assert record is not None
         if (record.state, record.source) != (pod.expected, Source.PULL):
             wrong[pod.name] = (pod.expected.name, record.state.name, record.source, record.reason)
@@ -192,7 +194,7 @@ async def test_pure_pull_labels_follow_the_proxies(
         events=False,
     )
     assert_loopback_only(aggregator, pods)
-    seen: list[Transition] = []
+    seen: list[StateChange] = []
 
     async def watch() -> None:
         async for transition in aggregator.core.watch():
@@ -215,7 +217,7 @@ async def test_pure_pull_labels_follow_the_proxies(
         some_false = {**everyone_true, **{pod.name: "false" for pod in flipped}}
         await eventually(lambda: labelled(some_false), timeout=10, interval=0.1)
         for pod in flipped:
-            record = aggregator.tracker.get(pod.key)
+            record = aggregator.core.pod(pod.key)
             assert record is not None
             assert (record.state, record.source) == (ServeState.NOT_READY, Source.PULL)
 
@@ -224,7 +226,7 @@ async def test_pure_pull_labels_follow_the_proxies(
             pod.proxy.set(HEALTHY)
         await eventually(lambda: labelled(everyone_true), timeout=10, interval=0.1)
         for pod in pods:
-            record = aggregator.tracker.get(pod.key)
+            record = aggregator.core.pod(pod.key)
             assert record is not None
             assert (record.state, record.source) == (ServeState.SERVING, Source.PULL)
     finally:

@@ -9,12 +9,13 @@ import grpc
 import pytest
 
 from aggregator.server import Aggregator
-from aggregator.tracker import PodKey
+from aggregator.write_rule import WriteKind
 from node_agent.agent import Agent
-from node_agent.identity import Identity
-from node_agent.settings import Settings as AgentSettings
+from node_agent.flags import AgentFlags
+from node_agent.identity import SidecarPod
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
+from servehealth_common.pod_identity import PodKey
 from servehealth_common.probe import Prober, make_session
 from servehealth_common.states import ServeState
 from tests.conftest import StartAggregator, eventually
@@ -32,16 +33,16 @@ async def test_hello_gets_settings_then_reports_get_acks(
     await call.write(report(pb.SERVE_STATE_SERVING, 7, "success", http_status=200))
     ack = await call.read()
     assert ack.ack.sequence == 7
-    record = aggregator.tracker.get(PodKey("default", "pod-a"))
+    record = aggregator.core.pod(PodKey("default", "pod-a"))
     assert record is not None
     assert (record.state, record.reason, record.http_status) == (ServeState.SERVING, "success", 200)
     assert record.agent is not None
     assert aggregator.core.agents_connected == 1
-    assert aggregator.registry.label(PodKey("default", "pod-a")) == "true"
+    assert aggregator.registry.carried(PodKey("default", "pod-a"), WriteKind.LABEL) == "true"
     await call.done_writing()
     assert await call.read() is grpc.aio.EOF
     await eventually(lambda: aggregator.core.agents_connected == 0)
-    assert aggregator.tracker.get(PodKey("default", "pod-a")).agent is None  # type: ignore[union-attr]
+    assert aggregator.core.pod(PodKey("default", "pod-a")).agent is None  # type: ignore[union-attr]
 
 
 async def test_listpods_shows_source_age_and_desired_label(
@@ -105,16 +106,16 @@ async def test_silent_agent_expires_to_silent_while_stream_stays_open(
         await call.write(report(pb.SERVE_STATE_SERVING, 1))
         await call.read()
         key = PodKey("default", "pod-a")
-        assert aggregator.tracker.get(key).state is ServeState.SERVING  # type: ignore[union-attr]
+        assert aggregator.core.pod(key).state is ServeState.SERVING  # type: ignore[union-attr]
         # The agent stops sending but keeps its stream open.
         record = await eventually(
-            lambda: (r := aggregator.tracker.get(key)) and r.state is ServeState.SILENT and r
+            lambda: (r := aggregator.core.pod(key)) and r.state is ServeState.SILENT and r
         )
         assert record.agent is not None  # still connected, just silent
-        assert aggregator.registry.label(key) == "false"
+        assert aggregator.registry.carried(key, WriteKind.LABEL) == "false"
         await call.write(report(pb.SERVE_STATE_SERVING, 2))
         await call.read()
-        assert aggregator.tracker.get(key).state is ServeState.SERVING  # type: ignore[union-attr]
+        assert aggregator.core.pod(key).state is ServeState.SERVING  # type: ignore[union-attr]
         call.cancel()
 
 
@@ -175,8 +176,8 @@ async def test_real_agent_reconnects_after_aggregator_restart(
 ) -> None:
     first = await start_aggregator()
     port = first.port
-    identity = Identity("default", "pod-a", "uid-a", "node-1")
-    settings = AgentSettings(
+    identity = SidecarPod("default", "pod-a", "uid-a", "node-1")
+    settings = AgentFlags(
         aggregator=f"127.0.0.1:{port}", proxy_url=fake_proxy.url, reconnect_max=0.5
     )
     key = PodKey("default", "pod-a")
@@ -184,14 +185,12 @@ async def test_real_agent_reconnects_after_aggregator_restart(
         agent = Agent(settings, identity, Prober(session, settings.probe_timeout))
         task = asyncio.create_task(agent.run())
         try:
-            await eventually(
-                lambda: (r := first.tracker.get(key)) and r.state is ServeState.SERVING
-            )
+            await eventually(lambda: (r := first.core.pod(key)) and r.state is ServeState.SERVING)
             await first.stop()
             fake_proxy.set(DRAINING)  # changes while the aggregator is away
             second = await start_aggregator(listen=f"127.0.0.1:{port}")
             record = await eventually(
-                lambda: (r := second.tracker.get(key)) and r.state is ServeState.DRAINING and r,
+                lambda: (r := second.core.pod(key)) and r.state is ServeState.DRAINING and r,
                 timeout=10,
             )
             assert record.agent is not None

@@ -17,12 +17,12 @@ import pytest
 import trustme
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from aggregator.settings import Settings
-from aggregator.tracker import PodKey
+from aggregator.flags import AggregatorFlags
 from node_agent.agent import Agent
-from node_agent.identity import Identity
-from node_agent.settings import Settings as AgentSettings
+from node_agent.flags import AgentFlags
+from node_agent.identity import SidecarPod
 from servehealth.v1 import servehealth_pb2 as pb
+from servehealth_common.pod_identity import PodKey
 from servehealth_common.probe import Prober, make_session
 from servehealth_common.states import ServeState
 from tests.conftest import StartAggregator, eventually
@@ -78,7 +78,7 @@ async def test_real_agent_reports_over_tls(
 ) -> None:
     cert, key, ca_path = server_files
     aggregator = await start_aggregator(tls_cert=cert, tls_key=key)
-    settings = AgentSettings(
+    settings = AgentFlags(
         aggregator=f"127.0.0.1:{aggregator.port}",
         proxy_url=fake_proxy.url,
         tls_ca=ca_path,
@@ -88,13 +88,13 @@ async def test_real_agent_reports_over_tls(
     async with make_session() as session:
         agent = Agent(
             settings,
-            Identity("default", "pod-a", "uid-a", "node-1"),
+            SidecarPod("default", "pod-a", "uid-a", "node-1"),
             Prober(session, settings.probe_timeout),
         )
         task = asyncio.create_task(agent.run())
         try:
             record = await eventually(
-                lambda: (r := aggregator.tracker.get(key_)) and r.state is ServeState.SERVING and r
+                lambda: (r := aggregator.core.pod(key_)) and r.state is ServeState.SERVING and r
             )
             assert record.agent is not None
             assert aggregator.core.agents_connected == 1
@@ -156,7 +156,7 @@ async def test_mutual_tls_requires_a_client_certificate_from_the_client_ca(
         await call.write(report(pb.SERVE_STATE_SERVING, 1, "success", http_status=200))
         assert (await call.read()).ack.sequence == 1
         call.cancel()
-    record = aggregator.tracker.get(PodKey("default", "pod-a"))
+    record = aggregator.core.pod(PodKey("default", "pod-a"))
     assert record is not None
     assert record.state is ServeState.SERVING
 
@@ -175,7 +175,7 @@ async def test_real_agent_with_a_client_certificate(
     aggregator = await start_aggregator(
         tls_cert=cert, tls_key=key, tls_client_ca=str(client_ca_path)
     )
-    settings = AgentSettings(
+    settings = AgentFlags(
         aggregator=f"127.0.0.1:{aggregator.port}",
         proxy_url=fake_proxy.url,
         tls_ca=ca_path,
@@ -187,13 +187,13 @@ async def test_real_agent_with_a_client_certificate(
     async with make_session() as session:
         agent = Agent(
             settings,
-            Identity("default", "pod-a", "uid-a", "node-1"),
+            SidecarPod("default", "pod-a", "uid-a", "node-1"),
             Prober(session, settings.probe_timeout),
         )
         task = asyncio.create_task(agent.run())
         try:
             await eventually(
-                lambda: (r := aggregator.tracker.get(pod)) and r.state is ServeState.SERVING
+                lambda: (r := aggregator.core.pod(pod)) and r.state is ServeState.SERVING
             )
         finally:
             task.cancel()
@@ -293,7 +293,7 @@ def test_aggregator_tls_flags_are_checked_at_start(
         name: {"CERT": cert, "KEY": key}.get(value, value) for name, value in overrides.items()
     }
     with pytest.raises(ValueError, match=message):
-        Settings(**values)
+        AggregatorFlags(**values)
 
 
 @pytest.mark.parametrize(
@@ -313,7 +313,7 @@ def test_agent_tls_flags_are_checked_at_start(
         for name, value in overrides.items()
     }
     with pytest.raises(ValueError, match=message):
-        AgentSettings(aggregator="127.0.0.1:1", **values)
+        AgentFlags(aggregator="127.0.0.1:1", **values)
 
 
 def test_unreadable_file_names_its_flag(server_files: tuple[str, str, str]) -> None:
@@ -321,4 +321,4 @@ def test_unreadable_file_names_its_flag(server_files: tuple[str, str, str]) -> N
     # A file that exists but cannot be read, even by root (the suite runs as root in CI, where
     # a chmod 0 file is still readable): reading /proc/self/mem at offset 0 fails with EIO.
     with pytest.raises(ValueError, match="--tls-key: cannot read"):
-        Settings(tls_cert=cert, tls_key="/proc/self/mem")
+        AggregatorFlags(tls_cert=cert, tls_key="/proc/self/mem")

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from aggregator.settings import Settings as AggregatorSettings
+from aggregator.flags import AggregatorFlags
 from node_agent.token import DEFAULT_TOKEN_FILE
 from servehealth_common.config import load
 from tests.deploy.manifests import env_of, find, pod_specs, render
@@ -52,7 +52,7 @@ def test_every_agent_reads_a_projected_token_for_the_aggregator(directory: str) 
         [volume] = [v for v in spec.get("volumes", []) if v["name"] == mount["name"]]
         [source] = volume["projected"]["sources"]
         assert source["serviceAccountToken"] == {
-            "audience": AggregatorSettings.auth_audience,
+            "audience": AggregatorFlags.auth_audience,
             "expirationSeconds": 3600,
             "path": path.name,
         }, where
@@ -71,7 +71,7 @@ def test_the_aggregator_checks_tokens_and_allows_the_daemonset_account(directory
         if "value" in entry
     }
     assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
-    settings = load(AggregatorSettings, [], environ, "serve-health-aggregator", "")
+    settings = load(AggregatorFlags, [], environ, "serve-health-aggregator", "")
     assert settings.auth == "tokenreview"
     assert settings.auth_audience == "ray-serve-health"
     agent_accounts = [

@@ -11,9 +11,9 @@ import sys
 
 import pytest
 
+from aggregator.flags import AggregatorFlags
 from aggregator.server import Aggregator
-from aggregator.settings import Settings as AggregatorSettings
-from node_agent.settings import Settings as AgentSettings
+from node_agent.flags import AgentFlags
 from servehealth_common.config import ENV_PREFIX, describe
 from tests import grpcurl
 from tests.deploy.manifests import ROOT
@@ -55,8 +55,8 @@ def test_configuration_reference_is_generated_from_the_settings() -> None:
 @pytest.mark.parametrize(
     "row",
     [
-        *[pytest.param(row, id=f"aggregator{row['flag']}") for row in describe(AggregatorSettings)],
-        *[pytest.param(row, id=f"agent{row['flag']}") for row in describe(AgentSettings)],
+        *[pytest.param(row, id=f"aggregator{row['flag']}") for row in describe(AggregatorFlags)],
+        *[pytest.param(row, id=f"agent{row['flag']}") for row in describe(AgentFlags)],
     ],
 )
 def test_every_flag_is_in_the_configuration_reference(row: dict[str, str]) -> None:

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 import yaml
 
+from aggregator.flags import AggregatorFlags
 from aggregator.server import LIVENESS
-from aggregator.settings import Settings as AggregatorSettings
-from node_agent.settings import Settings as AgentSettings
+from node_agent.flags import AgentFlags
 from servehealth_common.config import describe, load
 from tests.deploy.manifests import (
     ROOT,
@@ -35,7 +35,7 @@ NAMESPACE = "ray-serve-health"
 AGGREGATOR = "ray-serve-health-aggregator"
 AGENT = "ray-serve-health-agent"
 UID = 65532  # the Dockerfile's USER
-COMMANDS = {"serve-health-aggregator": AggregatorSettings, "serve-health-agent": AgentSettings}
+COMMANDS = {"serve-health-aggregator": AggregatorFlags, "serve-health-agent": AgentFlags}
 IDENTITY = {
     "POD_NAME": "metadata.name",
     "POD_NAMESPACE": "metadata.namespace",
@@ -209,7 +209,7 @@ def test_readiness_gate_overlay_writes_the_condition_its_example_gates_on() -> N
     container = aggregator_container("deploy/overlays/readiness-gate-mode")
     assert env_value(container, "SERVE_HEALTH_MODE") == "condition"
     condition = env_value(container, "SERVE_HEALTH_CONDITION_TYPE")
-    assert condition == AggregatorSettings.condition_type == "ray.io/serve-proxy-healthy"
+    assert condition == AggregatorFlags.condition_type == "ray.io/serve-proxy-healthy"
 
     service = find(render("deploy/examples/rayservice-readiness-gate"), "RayService")
     gates = {
@@ -327,6 +327,6 @@ def test_manifest_settings_are_settings_the_command_accepts(directory: str) -> N
 def test_serve_service_selects_the_aggregators_label() -> None:
     service = find(render("deploy/base/serve-service"), "Service")
     selector = service["spec"]["selector"]
-    assert selector[AggregatorSettings.label_key] == "true"
+    assert selector[AggregatorFlags.label_key] == "true"
     assert "ray.io/cluster" in selector
     assert service["spec"]["ports"][0]["targetPort"] == "serve"

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from aggregator.flags import AggregatorFlags
 from aggregator.server import Aggregator
-from aggregator.settings import Settings as AggregatorSettings
-from node_agent.settings import Settings as AgentSettings
+from node_agent.flags import AgentFlags
 from servehealth_common.config import describe
 from tests import grpcurl
 
@@ -38,8 +38,8 @@ def test_flag_tables_are_generated_from_the_settings() -> None:
 @pytest.mark.parametrize(
     "row",
     [
-        *[pytest.param(row, id=f"aggregator{row['flag']}") for row in describe(AggregatorSettings)],
-        *[pytest.param(row, id=f"agent{row['flag']}") for row in describe(AgentSettings)],
+        *[pytest.param(row, id=f"aggregator{row['flag']}") for row in describe(AggregatorFlags)],
+        *[pytest.param(row, id=f"agent{row['flag']}") for row in describe(AgentFlags)],
     ],
 )
 def test_every_flag_is_in_the_readme_with_its_env_and_default(row: dict[str, str]) -> None:

@@ -31,12 +31,12 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from aggregator.server import Aggregator
-from aggregator.tracker import PodKey
 from node_agent.agent import Agent
-from node_agent.identity import Identity
-from node_agent.settings import Settings as AgentSettings
+from node_agent.flags import AgentFlags
+from node_agent.identity import SidecarPod
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
+from servehealth_common.pod_identity import PodKey
 from servehealth_common.probe import Prober, make_session
 from servehealth_common.states import ServeState
 from servehealth_common.tokens import TOKEN_EXPIRED
@@ -174,7 +174,7 @@ async def test_bad_tokens_are_unauthenticated(
     assert error.code() is grpc.StatusCode.UNAUTHENTICATED
     assert message in (error.details() or "")
     assert metric(aggregator, "auth", service="report", result="unauthenticated") == 1
-    assert aggregator.tracker.get(PodKey("ray", "p1")).agent is None  # type: ignore[union-attr]
+    assert aggregator.core.pod(PodKey("ray", "p1")).agent is None  # type: ignore[union-attr]
 
 
 async def test_a_sidecar_may_not_report_for_another_pod(
@@ -203,7 +203,7 @@ async def test_a_daemonset_agent_reports_only_for_pods_on_its_node(
     assert error.details() == (
         "a DaemonSet agent on node n1 may not report for pod ray/p2, which runs on node n2"
     )
-    assert aggregator.tracker.get(PodKey("ray", "p2")).state is ServeState.UNKNOWN  # type: ignore[union-attr]
+    assert aggregator.core.pod(PodKey("ray", "p2")).state is ServeState.UNKNOWN  # type: ignore[union-attr]
     assert kube.pod_labels("ray", "p2").get("ray.io/serve") is None
 
 
@@ -319,13 +319,13 @@ async def test_refusals_are_logged_once_per_client_address(
 async def running_agent(
     aggregator: Aggregator, kube: KubeEmulator, proxy: FakeServeProxy, token_file: pathlib.Path
 ) -> AsyncIterator[Agent]:
-    settings = AgentSettings(
+    settings = AgentFlags(
         aggregator=f"127.0.0.1:{aggregator.port}",
         proxy_url=proxy.url,
         token_file=str(token_file),
         reconnect_max=0.5,
     )
-    identity = Identity("ray", "p1", uid(kube, "ray", "p1"), "n1")
+    identity = SidecarPod("ray", "p1", uid(kube, "ray", "p1"), "n1")
     async with make_session() as session:
         agent = Agent(settings, identity, Prober(session, settings.probe_timeout))
         async with running(agent):
@@ -386,9 +386,9 @@ async def test_a_refused_agent_says_so_once_and_keeps_trying(
 
 async def test_explicit_token_file_must_exist(tmp_path: pathlib.Path) -> None:
     with pytest.raises(ValueError, match="--token-file: no such file"):
-        AgentSettings(aggregator="127.0.0.1:1", token_file=str(tmp_path / "missing"))
+        AgentFlags(aggregator="127.0.0.1:1", token_file=str(tmp_path / "missing"))
     # The default path may be missing (local use): no token is sent then.
-    assert AgentSettings(aggregator="127.0.0.1:1").token_file.endswith("ray-serve-health/token")
+    assert AgentFlags(aggregator="127.0.0.1:1").token_file.endswith("ray-serve-health/token")
 
 
 # -- inspection ----------------------------------------------------------------------------

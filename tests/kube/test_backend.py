@@ -14,13 +14,14 @@ from typing import Any
 import grpc
 import pytest
 
+from aggregator.flags import AggregatorFlags
 from aggregator.kube.api import KubeApi
 from aggregator.metrics import Metrics
-from aggregator.server import Aggregator, make_registry
-from aggregator.settings import Settings
-from aggregator.tracker import PodKey
+from aggregator.server import Aggregator
+from aggregator.wiring import make_registry
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
+from servehealth_common.pod_identity import PodKey
 from servehealth_common.states import ServeState, Source
 from tests.conftest import FakeClock, StartAggregator, eventually
 from tests.kube.emulator import DEFAULT_POD_LABELS, KubeEmulator
@@ -52,7 +53,7 @@ def label(kube: KubeEmulator, name: str, namespace: str = "default") -> str | No
 
 
 def state(aggregator: Aggregator, name: str, namespace: str = "default") -> ServeState | None:
-    record = aggregator.tracker.get(PodKey(namespace, name))
+    record = aggregator.core.pod(PodKey(namespace, name))
     return record.state if record else None
 
 
@@ -163,7 +164,7 @@ async def test_1000_pods_then_60s_of_heartbeats_make_zero_patches(
         call = await open_node_stream(channel)
         sequence = 1
         await send(call, batch([("default", n, SERVING) for n in names], sequence))
-        await asyncio.wait_for(aggregator.registry.writer.wait_idle(), 60)
+        await eventually(lambda: aggregator.registry.writer.pending == 0, timeout=60)
         assert all(label(kube_emulator, n) == "true" for n in names)
         assert len(kube_emulator.requests("PATCH")) == 1000  # one write per pod, no more
         mark = kube_emulator.checkpoint()
@@ -172,9 +173,9 @@ async def test_1000_pods_then_60s_of_heartbeats_make_zero_patches(
             sequence += 1
             await send(call, batch([("default", n, SERVING) for n in names], sequence))
             aggregator.core.expire()
-        await asyncio.wait_for(aggregator.registry.writer.wait_idle(), 10)
+        await eventually(lambda: aggregator.registry.writer.pending == 0, timeout=10)
         assert kube_emulator.requests("PATCH", since=mark) == []
-        assert aggregator.tracker.counts()[ServeState.SERVING] == 1000
+        assert aggregator.core.counts()[ServeState.SERVING] == 1000
         call.cancel()
 
 
@@ -189,8 +190,8 @@ async def test_restart_with_1000_labelled_pods_writes_nothing(
     clock = FakeClock()
     aggregator = await start_kube(clock=clock, heartbeat_ttl=3.0)
     # Seeded from the labels: SERVING before any agent said a word.
-    assert aggregator.tracker.counts()[ServeState.SERVING] == 1000
-    assert aggregator.tracker.get(PodKey("default", names[0])).source is Source.SEED  # type: ignore[union-attr]
+    assert aggregator.core.counts()[ServeState.SERVING] == 1000
+    assert aggregator.core.pod(PodKey("default", names[0])).source is Source.SEED  # type: ignore[union-attr]
     reconnecting, never_back = names[:990], names[990:]
     async with grpc.aio.insecure_channel(f"127.0.0.1:{aggregator.port}") as channel:
         call = await open_node_stream(channel)
@@ -198,7 +199,7 @@ async def test_restart_with_1000_labelled_pods_writes_nothing(
             clock.advance(1.0)
             await send(call, batch([("default", n, SERVING) for n in reconnecting], second + 1))
             aggregator.core.expire()
-        await asyncio.wait_for(aggregator.registry.writer.wait_idle(), 10)
+        await eventually(lambda: aggregator.registry.writer.pending == 0, timeout=10)
         assert kube_emulator.requests("PATCH") == []
         assert state(aggregator, never_back[0]) is ServeState.SERVING  # still in grace
         # After the grace period, pods whose agent never came back go SILENT and lose the label.
@@ -223,7 +224,7 @@ async def test_a_label_changed_by_someone_else_is_put_back(
         call = await open_stream(channel, uid=pod["metadata"]["uid"])
         await send(call, report(pb.SERVE_STATE_DRAINING, 1, "This node is being drained."))
         # DRAINING wants "false"; a missing label already counts as false: nothing written.
-        await asyncio.wait_for(aggregator.registry.writer.wait_idle(), 5)
+        await eventually(lambda: aggregator.registry.writer.pending == 0, timeout=5)
         assert kube_emulator.requests("PATCH") == []
         kube_emulator.modify_pod("default", "pod-a", labels={"ray.io/serve": "true"})
         await kube_emulator.wait_until(lambda: label(kube_emulator, "pod-a") == "false")
@@ -311,7 +312,7 @@ async def test_condition_mode_patches_pod_status(
         await kube_emulator.wait_until(
             lambda: kube_emulator.pod_conditions("default", "gated")[GATE]["status"] == "False"
         )
-        await asyncio.wait_for(aggregator.registry.writer.wait_idle(), 5)
+        await eventually(lambda: aggregator.registry.writer.pending == 0, timeout=5)
         status_patches = kube_emulator.requests("PATCH", subresource="status")
         assert [p.name for p in status_patches] == ["gated", "gated"]  # never the ungated pod
         last = status_patches[-1]
@@ -349,7 +350,7 @@ def test_without_a_config_auto_is_memory(
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.kube/config
     monkeypatch.delenv("KUBECONFIG", raising=False)
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    registry = make_registry(Settings(kube_backend="auto"), Metrics("test"))
+    registry = make_registry(AggregatorFlags(kube_backend="auto"), Metrics("test"))
     assert registry.name == "memory"
 
 

@@ -19,7 +19,7 @@ import grpc
 import pytest
 
 from aggregator.server import Aggregator
-from aggregator.tracker import PodKey
+from servehealth_common.pod_identity import PodKey
 from servehealth_common.states import ServeState
 from tests.conftest import StartAggregator, eventually
 from tests.kube.emulator import KubeEmulator
@@ -123,7 +123,7 @@ async def test_burst_of_500s_is_retried_never_dropped(
     aggregator, grpc_channel = channel
     names = [f"pod-{i}" for i in range(5)]
     add_pods(kube_emulator, names, serve="true")  # seeded SERVING: no writes until they turn
-    await eventually(lambda: all(PodKey(NS, n) in aggregator.tracker for n in names))
+    await eventually(lambda: all(aggregator.core.pod(PodKey(NS, n)) is not None for n in names))
     call = await open_node_stream(grpc_channel, "node-x")
     await send(call, dict.fromkeys(names, SERVING), 1)
     burst = kube_emulator.fail_next(5, status=500, method="PATCH")
@@ -148,7 +148,7 @@ async def test_consecutive_500s_back_off_longer_each_time(
 ) -> None:
     aggregator, grpc_channel = channel
     add_pods(kube_emulator, ["pod-a"], serve="true")
-    await eventually(lambda: PodKey(NS, "pod-a") in aggregator.tracker)
+    await eventually(lambda: aggregator.core.pod(PodKey(NS, "pod-a")) is not None)
     call = await open_node_stream(grpc_channel, "node-x")
     await send(call, {"pod-a": SERVING}, 1)
     kube_emulator.fail_next(3, status=500, method="PATCH")
@@ -174,7 +174,7 @@ async def test_pod_deleted_while_its_write_is_slow_answers_404_and_is_dropped(
 ) -> None:
     aggregator, grpc_channel = channel
     add_pods(kube_emulator, ["pod-a", "pod-b"], serve="true")
-    await eventually(lambda: len(aggregator.tracker) == 2)
+    await eventually(lambda: aggregator.core.tracked() == 2)
     call = await open_node_stream(grpc_channel, "node-x")
     await send(call, {"pod-a": SERVING, "pod-b": SERVING}, 1)
     kube_emulator.slow(1.0, where=kube_emulator.select(method="PATCH", name="pod-a"))
@@ -186,7 +186,7 @@ async def test_pod_deleted_while_its_write_is_slow_answers_404_and_is_dropped(
         lambda: kube_emulator.requests("PATCH", name="pod-a", since=mark), within=5
     )
     kube_emulator.delete_pod(NS, "pod-a")
-    await eventually(lambda: PodKey(NS, "pod-a") not in aggregator.tracker)
+    await eventually(lambda: aggregator.core.pod(PodKey(NS, "pod-a")) is None)
     # The delayed PATCH is then answered 404 (the store no longer has the pod): dropped.
     await eventually(lambda: writes(aggregator, "not_found") == 1, timeout=5)
     await eventually(lambda: aggregator.registry.writer.pending == 0)
@@ -203,7 +203,7 @@ async def test_404_drops_the_write_and_the_watch_then_forgets_the_pod(
     aggregator, grpc_channel = channel
     key = PodKey(NS, "pod-a")
     add_pods(kube_emulator, ["pod-a"], serve="true")
-    await eventually(lambda: key in aggregator.tracker)
+    await eventually(lambda: aggregator.core.pod(key) is not None)
     call = await open_node_stream(grpc_channel, "node-x")
     await send(call, {"pod-a": SERVING}, 1)
     # Gone for the API server, but the watch has not said so yet.
@@ -214,10 +214,10 @@ async def test_404_drops_the_write_and_the_watch_then_forgets_the_pod(
     await eventually(lambda: writes(aggregator, "not_found") == 1)
     await eventually(lambda: aggregator.registry.writer.pending == 0)  # nothing left to retry
     assert len(kube_emulator.requests("PATCH", name="pod-a", since=mark)) == 1
-    assert key in aggregator.tracker  # only the watch removes pods
+    assert aggregator.core.pod(key) is not None  # only the watch removes pods
 
     kube_emulator.delete_pod(NS, "pod-a")
-    await eventually(lambda: key not in aggregator.tracker)
+    await eventually(lambda: aggregator.core.pod(key) is None)
     call.cancel()
     assert len(kube_emulator.requests("PATCH", name="pod-a", since=mark)) == 1
     assert writes(aggregator, "error") == 0
@@ -230,7 +230,7 @@ async def test_pod_deleted_while_its_write_retries_stops_the_retries(
     aggregator, grpc_channel = channel
     key = PodKey(NS, "pod-a")
     add_pods(kube_emulator, ["pod-a"], serve="true")
-    await eventually(lambda: key in aggregator.tracker)
+    await eventually(lambda: aggregator.core.pod(key) is not None)
     call = await open_node_stream(grpc_channel, "node-x")
     await send(call, {"pod-a": SERVING}, 1)
     kube_emulator.fail_next(100, status=503, method="PATCH", name="pod-a")
@@ -242,7 +242,7 @@ async def test_pod_deleted_while_its_write_retries_stops_the_retries(
     )
     assert aggregator.registry.writer.pending == 1  # backing off, not given up
     kube_emulator.delete_pod(NS, "pod-a")
-    await eventually(lambda: key not in aggregator.tracker)
+    await eventually(lambda: aggregator.core.pod(key) is None)
     await eventually(lambda: aggregator.registry.writer.pending == 0)
     call.cancel()
     assert retries(aggregator, "503") >= 2
@@ -257,7 +257,7 @@ async def test_slow_api_loses_no_transition(
     aggregator, grpc_channel = channel
     names = ["pod-0", "pod-1", "pod-2", "pod-3"]
     add_pods(kube_emulator, names)  # no serve label yet
-    await eventually(lambda: len(aggregator.tracker) == 4)
+    await eventually(lambda: aggregator.core.tracked() == 4)
     call = await open_node_stream(grpc_channel, "node-x")
     kube_emulator.slow(2.0)
     mark = kube_emulator.checkpoint()
@@ -286,7 +286,7 @@ async def test_slow_api_loses_no_transition(
 
     truth = {"pod-0": "true", "pod-1": "true", "pod-2": "false", "pod-3": "false"}
     for name, wanted in truth.items():
-        record = aggregator.tracker.get(PodKey(NS, name))
+        record = aggregator.core.pod(PodKey(NS, name))
         assert record is not None
         assert record.desired_label == wanted, (name, record)
     # (pod-3's "false" may also wait --panic-settle before it is asked for: wait for both.)

@@ -22,8 +22,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from aggregator.kube.lease import KubeLeaseStore, lease_api
 from aggregator.leader import ElectionSettings, LeaderElector, LeaseRecord, micro_time, utc_now
+from aggregator.report_service import STANDBY_MESSAGE
 from aggregator.server import LIVENESS, Aggregator
-from aggregator.services import STANDBY_MESSAGE
 from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
 from servehealth_common.kube.errors import APIConflictError
 from tests.conftest import StartAggregator, eventually
@@ -233,7 +233,7 @@ async def test_without_leader_election_every_health_name_serves(
     start_aggregator: StartAggregator,
 ) -> None:
     aggregator = await start_aggregator()  # memory backend, no --leader-elect
-    assert aggregator.elector is None
+    assert aggregator.election is None
     assert await health(aggregator.port) == SERVING
     assert await health(aggregator.port, LIVENESS) == SERVING
     assert gauge(aggregator, "serve_health_leader") == 1
@@ -246,14 +246,15 @@ async def test_a_standby_refuses_reports_and_makes_no_pod_request(
     leader = await start_kube(**ELECTION)
     await eventually(is_serving(leader), timeout=10)
     assert gauge(leader, "serve_health_leader") == 1
-    assert len(leader.tracker) == 3  # seeded from the pods' labels
+    assert leader.core.tracked() == 3  # seeded from the pods' labels
     mark = kube_emulator.checkpoint()
     standby = await start_kube(**ELECTION)
     await asyncio.sleep(TIMINGS.lease_duration + TIMINGS.retry_period)  # past a lease duration
     assert await health(standby.port) == NOT_SERVING
     assert await health(standby.port, LIVENESS) == SERVING
-    assert standby.elector is not None
-    assert standby.elector.leader == leader.elector.identity  # type: ignore[union-attr]
+    assert standby.election is not None
+    assert leader.election is not None
+    assert standby.election.elector.leader == leader.election.elector.identity  # type: ignore[union-attr]
     assert gauge(standby, "serve_health_leader") == 0
     async with grpc.aio.insecure_channel(f"127.0.0.1:{standby.port}") as channel:
         call = pb_grpc.ReportServiceStub(channel).Report()
@@ -272,7 +273,7 @@ async def test_a_standby_refuses_reports_and_makes_no_pod_request(
     assert requests
     assert {call.resource for call in requests} == {"leases"}
     assert {call.method for call in requests} <= {"GET", "PUT"}  # reads, and the renewals
-    assert len(standby.tracker) == 0
+    assert standby.core.tracked() == 0
 
 
 async def test_a_graceful_stop_hands_over_at_once(
@@ -293,8 +294,8 @@ async def test_a_graceful_stop_hands_over_at_once(
     took = loop.time() - stopped
     assert took < TIMINGS.retry_period * 1.1 + 1.0  # the next poll, not a lease duration
     assert second.lost is None
-    assert holder(kube_emulator) == second.elector.identity  # type: ignore[union-attr]
-    assert len(second.tracker) == 3
+    assert holder(kube_emulator) == second.election.elector.identity  # type: ignore[union-attr]
+    assert second.core.tracked() == 3
     assert kube_emulator.requests("PATCH", resource=PODS, since=mark) == []
 
 

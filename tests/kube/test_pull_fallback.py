@@ -16,9 +16,9 @@ import grpc
 import pytest
 
 from aggregator.server import Aggregator
-from aggregator.tracker import PodKey
 from bench import harness
 from servehealth.v1 import servehealth_pb2 as pb
+from servehealth_common.pod_identity import PodKey
 from servehealth_common.states import ServeState, Source
 from tests import grpcurl
 from tests.conftest import StartAggregator, eventually
@@ -75,7 +75,7 @@ def removals(kube: KubeEmulator, since: int = 0) -> list[str]:
 
 
 def record(aggregator: Aggregator, name: str) -> Any:
-    return aggregator.tracker.get(PodKey("default", name))
+    return aggregator.core.pod(PodKey("default", name))
 
 
 async def test_killed_agent_keeps_label_then_dead_proxy_loses_it(

@@ -61,8 +61,8 @@ async def test_mass_turn_to_not_ready_never_exceeds_the_bucket(
     )
     registry = aggregator.registry
     assert isinstance(registry, KubeRegistry)
-    assert len(aggregator.tracker) == PODS_COUNT
-    assert aggregator.tracker.counts()[ServeState.SERVING] == PODS_COUNT  # seeded from labels
+    assert aggregator.core.tracked() == PODS_COUNT
+    assert aggregator.core.counts()[ServeState.SERVING] == PODS_COUNT  # seeded from labels
 
     async def report_all(call: grpc.aio.StreamStreamCall, state: ServeState, first: int) -> None:
         for number, start in enumerate(range(0, PODS_COUNT, BATCH), start=first):

@@ -25,10 +25,10 @@ from aggregator.auth import (
     NODE_NAME,
     POD_NAME,
     POD_UID,
-    Identity,
     PermissionDenied,
     ReviewCache,
     ReviewUnavailable,
+    TokenIdentity,
     TokenReviewer,
     Unauthenticated,
     check_hello,
@@ -107,7 +107,7 @@ def test_jwt_claims() -> None:
 
 def test_identity_of_a_pod_bound_service_account_token() -> None:
     answer = review(**{POD_NAME: "p1", POD_UID: "u1", NODE_NAME: "n1"})
-    assert identity_from_review(answer, AUDIENCE) == Identity(
+    assert identity_from_review(answer, AUDIENCE) == TokenIdentity(
         username="system:serviceaccount:ray:agent",
         namespace="ray",
         service_account="agent",
@@ -119,7 +119,7 @@ def test_identity_of_a_pod_bound_service_account_token() -> None:
 
 def test_identity_of_a_user_that_is_no_service_account() -> None:
     identity = identity_from_review(review("alice@example.com"), AUDIENCE)
-    assert identity == Identity("alice@example.com")
+    assert identity == TokenIdentity("alice@example.com")
     assert identity.service_account_ref == ""
 
 
@@ -350,10 +350,10 @@ async def test_a_cancelled_check_lets_the_others_retry(clock: FakeClock, wall: F
 
 # -- who may report for what ------------------------------------------------------------------
 
-SIDECAR = Identity(
+SIDECAR = TokenIdentity(
     "system:serviceaccount:ray:default", "ray", "default", "p1", "uid-p1", node_name="n1"
 )
-NODE_AGENT = Identity(
+NODE_AGENT = TokenIdentity(
     "system:serviceaccount:ops:ray-serve-health-agent",
     "ops",
     "ray-serve-health-agent",
@@ -364,7 +364,7 @@ NODE_AGENT = Identity(
 NODE_AGENTS = frozenset({"ops/ray-serve-health-agent"})
 
 
-def hello_check(identity: Identity, **hello: Any) -> str | None:
+def hello_check(identity: TokenIdentity, **hello: Any) -> str | None:
     values: dict[str, Any] = {
         "sidecar": True,
         "pod": ("ray", "p1"),
@@ -385,7 +385,9 @@ def hello_check(identity: Identity, **hello: Any) -> str | None:
         pytest.param(NODE_AGENT, {"sidecar": False, "pod": None}, "n1", id="daemonset-own-node"),
     ],
 )
-def test_allowed_hellos(identity: Identity, hello: dict[str, Any], expected: str | None) -> None:
+def test_allowed_hellos(
+    identity: TokenIdentity, hello: dict[str, Any], expected: str | None
+) -> None:
     assert hello_check(identity, **hello) == expected
 
 
@@ -399,12 +401,14 @@ def test_allowed_hellos(identity: Identity, hello: dict[str, Any], expected: str
         pytest.param(SIDECAR, {"pod_uid": "uid-old"}, "not the uid", id="replaced-pod"),
         pytest.param(SIDECAR, {"pod_uid": ""}, r"\(empty\) is not the uid", id="no-uid"),
         pytest.param(
-            Identity("system:serviceaccount:ray:default", "ray", "default"),
+            TokenIdentity("system:serviceaccount:ray:default", "ray", "default"),
             {},
             "not bound to a pod",
             id="token-of-no-pod",
         ),
-        pytest.param(Identity("alice"), {}, "not a ServiceAccount", id="not-a-service-account"),
+        pytest.param(
+            TokenIdentity("alice"), {}, "not a ServiceAccount", id="not-a-service-account"
+        ),
         pytest.param(
             SIDECAR,
             {"sidecar": False, "pod": None},
@@ -418,7 +422,7 @@ def test_allowed_hellos(identity: Identity, hello: dict[str, Any], expected: str
             id="daemonset-other-node",
         ),
         pytest.param(
-            Identity(
+            TokenIdentity(
                 "system:serviceaccount:ops:ray-serve-health-agent", "ops", "ray-serve-health-agent"
             ),
             {"sidecar": False, "pod": None},
@@ -433,7 +437,7 @@ def test_allowed_hellos(identity: Identity, hello: dict[str, Any], expected: str
         ),
     ],
 )
-def test_refused_hellos(identity: Identity, hello: dict[str, Any], message: str) -> None:
+def test_refused_hellos(identity: TokenIdentity, hello: dict[str, Any], message: str) -> None:
     with pytest.raises(PermissionDenied, match=message):
         hello_check(identity, **hello)
 

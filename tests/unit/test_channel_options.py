@@ -10,19 +10,22 @@ from typing import Any
 import pytest
 
 from aggregator.channel_options import server_options
-from aggregator.settings import Settings
+from aggregator.flags import AggregatorFlags
+from aggregator.wiring import grpc_server_settings
 
 
 def test_deadlines_are_passed_in_milliseconds() -> None:
     options = dict(
         server_options(
-            Settings(
-                handshake_timeout=2.5,
-                keepalive_time=30,
-                keepalive_timeout=0.25,
-                max_connection_idle=300,
-                max_connections=7,
-                max_message_bytes=4096,
+            grpc_server_settings(
+                AggregatorFlags(
+                    handshake_timeout=2.5,
+                    keepalive_time=30,
+                    keepalive_timeout=0.25,
+                    max_connection_idle=300,
+                    max_connections=7,
+                    max_message_bytes=4096,
+                )
             )
         )
     )
@@ -36,12 +39,12 @@ def test_deadlines_are_passed_in_milliseconds() -> None:
 
 
 def test_no_connection_cap_when_zero() -> None:
-    options = dict(server_options(Settings(max_connections=0)))
+    options = dict(server_options(grpc_server_settings(AggregatorFlags(max_connections=0))))
     assert "grpc.max_allowed_incoming_connections" not in options
 
 
 def test_every_option_is_set_once() -> None:
-    names = [name for name, _ in server_options(Settings())]
+    names = [name for name, _ in server_options(grpc_server_settings(AggregatorFlags()))]
     assert len(names) == len(set(names))
 
 
@@ -57,4 +60,4 @@ def test_every_option_is_set_once() -> None:
 )
 def test_invalid_connection_settings_are_refused(field: str, value: Any, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        Settings(**{field: value})
+        AggregatorFlags(**{field: value})

@@ -14,21 +14,21 @@ from typing import Any
 
 import pytest
 
-from aggregator.settings import Settings as AggregatorSettings
-from node_agent.settings import Settings as AgentSettings
+from aggregator.flags import AggregatorFlags
+from node_agent.flags import AgentFlags
 from servehealth_common.config import describe, load, parse_bool, parse_duration
 
 AGGREGATOR_FLAG = ["--aggregator", "agg.example:50051"]
 
 
-def load_agent(argv: Sequence[str] = (), environ: Mapping[str, str] | None = None) -> AgentSettings:
-    return load(AgentSettings, list(argv), environ or {}, "serve-health-agent", "test")
+def load_agent(argv: Sequence[str] = (), environ: Mapping[str, str] | None = None) -> AgentFlags:
+    return load(AgentFlags, list(argv), environ or {}, "serve-health-agent", "test")
 
 
 def load_aggregator(
     argv: Sequence[str] = (), environ: Mapping[str, str] | None = None
-) -> AggregatorSettings:
-    return load(AggregatorSettings, list(argv), environ or {}, "serve-health-aggregator", "test")
+) -> AggregatorFlags:
+    return load(AggregatorFlags, list(argv), environ or {}, "serve-health-aggregator", "test")
 
 
 def usage_error(
@@ -48,7 +48,7 @@ def usage_error(
 
 def test_agent_defaults() -> None:
     settings = load_agent(AGGREGATOR_FLAG)
-    assert settings == AgentSettings(aggregator="agg.example:50051")
+    assert settings == AgentFlags(aggregator="agg.example:50051")
     assert settings.proxy_url == "http://127.0.0.1:8000/-/healthz"
     assert settings.interval == 1.0
     assert settings.probe_timeout == 0.5
@@ -61,7 +61,7 @@ def test_agent_defaults() -> None:
 
 def test_aggregator_defaults() -> None:
     settings = load_aggregator()
-    assert settings == AggregatorSettings()
+    assert settings == AggregatorFlags()
     assert settings.listen == "0.0.0.0:50051"
     assert settings.metrics_listen == "0.0.0.0:9090"
     assert settings.heartbeat_ttl == 3.0
@@ -94,7 +94,7 @@ def test_agent_flags() -> None:
             "debug",
         ]
     )
-    assert settings == AgentSettings(
+    assert settings == AgentFlags(
         aggregator="127.0.0.1:50051",
         proxy_url="http://127.0.0.2:8000/-/healthz",
         interval=2.0,
@@ -131,7 +131,7 @@ def test_aggregator_flags() -> None:
             "0",
         ]
     )
-    assert settings == AggregatorSettings(
+    assert settings == AggregatorFlags(
         listen="[::]:6000",
         metrics_listen="",
         heartbeat_ttl=10.0,
@@ -158,7 +158,7 @@ def test_agent_environment() -> None:
             "INTERVAL": "ignored too (no prefix)",
         }
     )
-    assert settings == AgentSettings(
+    assert settings == AgentFlags(
         aggregator="agg:1",
         proxy_url="https://proxy:8443/-/healthz",
         interval=3.0,
@@ -177,7 +177,7 @@ def test_aggregator_environment() -> None:
             "SERVE_HEALTH_METRICS_LISTEN": "",
         }
     )
-    assert settings == AggregatorSettings(
+    assert settings == AggregatorFlags(
         listen="127.0.0.1:7000", heartbeat_ttl=5.0, failure_threshold=2, metrics_listen=""
     )
 
@@ -323,20 +323,16 @@ def test_parse_bool_refuses_other_words() -> None:
 @pytest.mark.parametrize(
     ("cls", "variable", "value"),
     [
-        pytest.param(AgentSettings, "SERVE_HEALTH_INTERVAL", "soon", id="agent-duration"),
-        pytest.param(AgentSettings, "SERVE_HEALTH_PROBE_TIMEOUT", "", id="agent-empty-duration"),
-        pytest.param(AgentSettings, "SERVE_HEALTH_MODE", "daemon", id="agent-choice"),
-        pytest.param(AgentSettings, "SERVE_HEALTH_LOG_LEVEL", "INFO", id="agent-choice-case"),
+        pytest.param(AgentFlags, "SERVE_HEALTH_INTERVAL", "soon", id="agent-duration"),
+        pytest.param(AgentFlags, "SERVE_HEALTH_PROBE_TIMEOUT", "", id="agent-empty-duration"),
+        pytest.param(AgentFlags, "SERVE_HEALTH_MODE", "daemon", id="agent-choice"),
+        pytest.param(AgentFlags, "SERVE_HEALTH_LOG_LEVEL", "INFO", id="agent-choice-case"),
         pytest.param(
-            AggregatorSettings, "SERVE_HEALTH_HEARTBEAT_TTL", "3 days", id="aggregator-duration"
+            AggregatorFlags, "SERVE_HEALTH_HEARTBEAT_TTL", "3 days", id="aggregator-duration"
         ),
-        pytest.param(
-            AggregatorSettings, "SERVE_HEALTH_FAILURE_THRESHOLD", "two", id="aggregator-int"
-        ),
-        pytest.param(
-            AggregatorSettings, "SERVE_HEALTH_KUBE_BACKEND", "etcd", id="aggregator-choice"
-        ),
-        pytest.param(AggregatorSettings, "SERVE_HEALTH_EVENTS", "maybe", id="aggregator-bool"),
+        pytest.param(AggregatorFlags, "SERVE_HEALTH_FAILURE_THRESHOLD", "two", id="aggregator-int"),
+        pytest.param(AggregatorFlags, "SERVE_HEALTH_KUBE_BACKEND", "etcd", id="aggregator-choice"),
+        pytest.param(AggregatorFlags, "SERVE_HEALTH_EVENTS", "maybe", id="aggregator-bool"),
     ],
 )
 def test_bad_environment_value_exits_naming_the_variable(
@@ -359,17 +355,17 @@ def test_bad_environment_value_exits_naming_the_variable(
 def test_bad_flag_exits_naming_the_flag(
     capsys: pytest.CaptureFixture[str], argv: list[str], flag: str
 ) -> None:
-    err = usage_error(capsys, AgentSettings, [*AGGREGATOR_FLAG, *argv], {})
+    err = usage_error(capsys, AgentFlags, [*AGGREGATOR_FLAG, *argv], {})
     assert flag in err
 
 
 def test_missing_aggregator_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
-    err = usage_error(capsys, AgentSettings, [], {})
+    err = usage_error(capsys, AgentFlags, [], {})
     assert "--aggregator (or SERVE_HEALTH_AGGREGATOR) is required: HOST:PORT" in err
 
 
 def test_empty_aggregator_from_env_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
-    err = usage_error(capsys, AgentSettings, [], {"SERVE_HEALTH_AGGREGATOR": ""})
+    err = usage_error(capsys, AgentFlags, [], {"SERVE_HEALTH_AGGREGATOR": ""})
     assert "--aggregator (or SERVE_HEALTH_AGGREGATOR) is required" in err
 
 
@@ -396,7 +392,7 @@ def test_empty_aggregator_from_env_is_refused(capsys: pytest.CaptureFixture[str]
 def test_agent_validation(
     capsys: pytest.CaptureFixture[str], argv: list[str], message: str
 ) -> None:
-    err = usage_error(capsys, AgentSettings, [*AGGREGATOR_FLAG, *argv], {})
+    err = usage_error(capsys, AgentFlags, [*AGGREGATOR_FLAG, *argv], {})
     assert message in err
 
 
@@ -416,7 +412,7 @@ def test_agent_validation(
 def test_aggregator_refuses_ttl_not_above_interval(
     capsys: pytest.CaptureFixture[str], argv: list[str], environ: dict[str, str]
 ) -> None:
-    err = usage_error(capsys, AggregatorSettings, argv, environ)
+    err = usage_error(capsys, AggregatorFlags, argv, environ)
     assert "--heartbeat-ttl" in err
     assert "must be longer than --heartbeat-interval" in err
 
@@ -440,14 +436,14 @@ def test_aggregator_ttl_just_above_interval_is_accepted() -> None:
 def test_aggregator_validation(
     capsys: pytest.CaptureFixture[str], argv: list[str], message: str
 ) -> None:
-    err = usage_error(capsys, AggregatorSettings, argv, {})
+    err = usage_error(capsys, AggregatorFlags, argv, {})
     assert message in err
 
 
 # -- documentation ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("cls", [AgentSettings, AggregatorSettings], ids=["agent", "aggregator"])
+@pytest.mark.parametrize("cls", [AgentFlags, AggregatorFlags], ids=["agent", "aggregator"])
 def test_describe_lists_every_field(cls: type) -> None:
     rows = describe(cls)
     fields = dataclasses.fields(cls)
@@ -461,15 +457,15 @@ def test_describe_lists_every_field(cls: type) -> None:
 @pytest.mark.parametrize(
     ("cls", "flag", "default"),
     [
-        pytest.param(AgentSettings, "--aggregator", "(required)", id="agent-shown"),
-        pytest.param(AgentSettings, "--interval", "1s", id="agent-seconds"),
-        pytest.param(AgentSettings, "--probe-timeout", "500ms", id="agent-milliseconds"),
-        pytest.param(AgentSettings, "--confirm-delay", "100ms", id="agent-confirm"),
-        pytest.param(AgentSettings, "--log-level", "info", id="agent-choice"),
-        pytest.param(AggregatorSettings, "--heartbeat-ttl", "3s", id="aggregator-ttl"),
-        pytest.param(AggregatorSettings, "--expiry-interval", "250ms", id="aggregator-expiry"),
-        pytest.param(AggregatorSettings, "--max-message-bytes", "65536", id="aggregator-int"),
-        pytest.param(AggregatorSettings, "--events", "true", id="aggregator-bool"),
+        pytest.param(AgentFlags, "--aggregator", "(required)", id="agent-shown"),
+        pytest.param(AgentFlags, "--interval", "1s", id="agent-seconds"),
+        pytest.param(AgentFlags, "--probe-timeout", "500ms", id="agent-milliseconds"),
+        pytest.param(AgentFlags, "--confirm-delay", "100ms", id="agent-confirm"),
+        pytest.param(AgentFlags, "--log-level", "info", id="agent-choice"),
+        pytest.param(AggregatorFlags, "--heartbeat-ttl", "3s", id="aggregator-ttl"),
+        pytest.param(AggregatorFlags, "--expiry-interval", "250ms", id="aggregator-expiry"),
+        pytest.param(AggregatorFlags, "--max-message-bytes", "65536", id="aggregator-int"),
+        pytest.param(AggregatorFlags, "--events", "true", id="aggregator-bool"),
     ],
 )
 def test_describe_renders_defaults(cls: type, flag: str, default: str) -> None:
@@ -477,7 +473,7 @@ def test_describe_renders_defaults(cls: type, flag: str, default: str) -> None:
     assert rows[flag]["default"] == default
 
 
-@pytest.mark.parametrize("cls", [AgentSettings, AggregatorSettings], ids=["agent", "aggregator"])
+@pytest.mark.parametrize("cls", [AgentFlags, AggregatorFlags], ids=["agent", "aggregator"])
 def test_help_documents_every_flag_and_variable(
     capsys: pytest.CaptureFixture[str], cls: type
 ) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from aggregator.flags import AggregatorFlags
 from aggregator.kube.lease import (
     LeaderElectionConfigError,
     candidate_identity,
@@ -23,7 +24,6 @@ from aggregator.kube.lease import (
     spec_of,
 )
 from aggregator.leader import ElectionSettings, LeaderElector, Lease, LeaseRecord, micro_time
-from aggregator.settings import Settings
 from servehealth_common.kube.errors import APIConflictError, APIError, APIRetryableError
 from tests.conftest import FakeClock
 
@@ -353,7 +353,7 @@ async def test_release_after_someone_else_took_over_is_refused(world: World) -> 
 
 
 def test_defaults_fail_over_within_five_seconds() -> None:
-    settings = Settings()
+    settings = AggregatorFlags()
     assert settings.leader_elect is False
     duration = settings.leader_elect_lease_duration
     retry = settings.leader_elect_retry_period
@@ -383,7 +383,7 @@ def test_defaults_fail_over_within_five_seconds() -> None:
 )
 def test_invalid_election_settings_are_refused(overrides: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        Settings(**overrides)
+        AggregatorFlags(**overrides)
 
 
 def test_the_lease_namespace_comes_from_the_flag_the_environment_or_the_pod(

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from aggregator.tracker import Observation, PodKey, Tracker, TrackerSettings
+from aggregator.tracker import Observation, Tracker, TrackerSettings
+from servehealth_common.pod_identity import PodKey
 from servehealth_common.states import ServeState, Source
 from tests.conftest import FakeClock
 
@@ -185,7 +186,7 @@ def test_register_same_name_new_uid_starts_over() -> None:
 
 def test_detach_only_clears_the_stream_that_owns_the_pod() -> None:
     tracker, _ = make()
-    tracker.attach(POD, 1)
+    tracker.observe(POD, Observation(S.SERVING), agent=1)
     tracker.detach([POD], 2)  # an older stream closing late
     assert tracker.get(POD).agent == 1  # type: ignore[union-attr]
     tracker.detach([POD], 1)

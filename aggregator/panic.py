@@ -1,4 +1,4 @@
-"""Self-protection: when too much of the fleet looks bad at once, suspect the aggregator.
+"""The panic detector: when too much of the fleet looks bad at once, suspect the aggregator.
 
 Pure state with an injected clock. The rule (anchors: Envoy's ``healthy_panic_threshold``,
 50 % by default, and Kubernetes' node lifecycle controller, which stops evicting in a zone in
@@ -23,7 +23,9 @@ from collections import deque
 from collections.abc import Callable
 
 
-class Protection:
+class PanicDetector:
+    """Whether the aggregator is in PANIC; fed by the core, read by the core (no I/O)."""
+
     def __init__(self, threshold: float, window: float, clock: Callable[[], float]) -> None:
         self.threshold = threshold
         self.window = window

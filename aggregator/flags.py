@@ -1,24 +1,20 @@
-"""Every knob of the aggregator, in one frozen dataclass (flags and SERVE_HEALTH_* from it)."""
+"""Every knob of the aggregator, in one frozen dataclass (flags and SERVE_HEALTH_* from it).
+
+Only the wiring (:mod:`aggregator.wiring`) and the command line read this; each component gets
+its own small settings object from the wiring.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from servehealth_common.config import setting
-from servehealth_common.logs import FORMATS
+from servehealth_common import flags as shared
+from servehealth_common.config import setting, split_host_port
 from servehealth_common.tls import check_pair, check_readable
 
 
-def split_host_port(address: str) -> tuple[str, int]:
-    """``"0.0.0.0:50051"`` -> ``("0.0.0.0", 50051)``; ``"[::]:50051"`` -> ``("::", 50051)``."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit() or not host:
-        raise ValueError(f"not a HOST:PORT address: {address!r}")
-    return host.strip("[]"), int(port)
-
-
 @dataclass(frozen=True)
-class Settings:
+class AggregatorFlags:
     listen: str = setting(
         "0.0.0.0:50051",
         "HOST:PORT of the gRPC server (reports, inspection, grpc.health.v1, reflection); "
@@ -77,24 +73,10 @@ class Settings:
         "(no cluster needed); auto: kubernetes when a configuration is found, else memory.",
         choices=("auto", "kubernetes", "memory"),
     )
-    kubeconfig: str = setting(
-        "",
-        "Path of a kubeconfig file; without it: $KUBECONFIG, ~/.kube/config, then the "
-        "in-cluster ServiceAccount.",
-        shown="(search)",
-    )
-    namespace: tuple[str, ...] = setting(
-        (),
-        "Namespace to watch for Ray pods; repeat the flag (or comma-separate the variable) "
-        "for several.",
-        shown="(all namespaces)",
-    )
-    pod_selector: str = setting(
-        "ray.io/node-type", "Label selector of the pods to track (default: every KubeRay pod)."
-    )
-    proxy_port: int = setting(
-        8000, "Serve proxy port of pods with no container port named 'serve'."
-    )
+    kubeconfig: str = shared.kubeconfig_flag()
+    namespace: tuple[str, ...] = shared.namespace_flag()
+    pod_selector: str = shared.pod_selector_flag()
+    proxy_port: int = shared.proxy_port_flag()
     mode: str = setting(
         "label",
         "What the aggregator writes: label (the --label-key label), condition (a readiness-gate "
@@ -113,7 +95,7 @@ class Settings:
         "--kube-concurrency more may be on their way; Events have their own 5/s).",
     )
     kube_burst: int = setting(40, "Kubernetes API writes allowed in a burst above --kube-qps.")
-    kube_timeout: float = setting(10.0, "Deadline of one Kubernetes API request.", duration=True)
+    kube_timeout: float = shared.kube_timeout_flag()
     kube_concurrency: int = setting(
         16, "Kubernetes API requests in flight at most (threads of the synchronous client)."
     )
@@ -272,14 +254,8 @@ class Settings:
         "it, $POD_NAME (or the host name) plus a random suffix.",
         shown="(POD_NAME_random)",
     )
-    log_level: str = setting("info", "Log level.", choices=("debug", "info", "warning", "error"))
-    log_format: str = setting(
-        "text",
-        "text: one line per record for people; json: one JSON object per line (time, level, "
-        "logger, message, and a transition's pod, old, new, source, reason, label) for log "
-        "pipelines.",
-        choices=FORMATS,
-    )
+    log_level: str = shared.log_level_flag()
+    log_format: str = shared.log_format_flag()
 
     def __post_init__(self) -> None:
         split_host_port(self.listen)
@@ -334,8 +310,9 @@ class Settings:
             raise ValueError("--expiry-interval must be positive")
         if self.kube_qps <= 0 or self.kube_burst < 1:
             raise ValueError("--kube-qps must be positive and --kube-burst at least 1")
-        if self.kube_concurrency < 1 or self.kube_timeout <= 0:
-            raise ValueError("--kube-concurrency must be at least 1, --kube-timeout positive")
+        if self.kube_concurrency < 1:
+            raise ValueError("--kube-concurrency must be at least 1")
+        shared.check_shared(kube_timeout=self.kube_timeout, proxy_port=self.proxy_port)
         if self.pull_interval <= 0 or self.pull_timeout <= 0 or self.pull_concurrency < 1:
             raise ValueError(
                 "--pull-interval and --pull-timeout must be positive, --pull-concurrency >= 1"

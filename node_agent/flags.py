@@ -5,15 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from node_agent.token import DEFAULT_TOKEN_FILE
+from servehealth_common import flags as shared
 from servehealth_common.config import setting
-from servehealth_common.logs import FORMATS
 from servehealth_common.tls import check_pair, check_readable
 
 MODES = ("sidecar", "daemonset")
 
 
 @dataclass(frozen=True)
-class Settings:
+class AgentFlags:
     aggregator: str = setting(
         "",
         "HOST:PORT of the aggregator's gRPC server (required): in Kubernetes its Service. "
@@ -59,32 +59,14 @@ class Settings:
         "and report for all of them on one stream.",
         choices=MODES,
     )
-    kubeconfig: str = setting(
-        "",
-        "DaemonSet mode: path of a kubeconfig file; without it, the in-cluster ServiceAccount "
-        "(it needs list and watch on pods, nothing else).",
-        shown="(in-cluster)",
-    )
-    namespace: tuple[str, ...] = setting(
-        (),
-        "DaemonSet mode: namespace of the Ray pods to probe; repeat the flag (or comma-separate "
-        "the variable) for several.",
-        shown="(all namespaces)",
-    )
-    pod_selector: str = setting(
-        "ray.io/node-type",
-        "DaemonSet mode: label selector of the pods to probe (default: every KubeRay pod); "
-        "only pods on this node (spec.nodeName) are listed.",
-    )
-    proxy_port: int = setting(
-        8000, "DaemonSet mode: Serve proxy port of pods with no container port named 'serve'."
-    )
+    kubeconfig: str = shared.kubeconfig_flag()
+    namespace: tuple[str, ...] = shared.namespace_flag()
+    pod_selector: str = shared.pod_selector_flag()
+    proxy_port: int = shared.proxy_port_flag()
     probe_concurrency: int = setting(
         32, "Probes in flight at most (DaemonSet mode: across all pods of the node)."
     )
-    kube_timeout: float = setting(
-        10.0, "DaemonSet mode: deadline of one Kubernetes API request.", duration=True
-    )
+    kube_timeout: float = shared.kube_timeout_flag()
     connect_timeout: float = setting(
         5.0, "Deadline to connect to the aggregator and to hear its settings.", duration=True
     )
@@ -95,13 +77,8 @@ class Settings:
         "are back within the aggregator's startup grace after a restart or a failover.",
         duration=True,
     )
-    log_level: str = setting("info", "Log level.", choices=("debug", "info", "warning", "error"))
-    log_format: str = setting(
-        "text",
-        "text: one line per record for people; json: one JSON object per line (time, level, "
-        "logger, message and structured fields) for log pipelines.",
-        choices=FORMATS,
-    )
+    log_level: str = shared.log_level_flag()
+    log_format: str = shared.log_format_flag()
 
     def __post_init__(self) -> None:
         if not self.aggregator:
@@ -122,10 +99,9 @@ class Settings:
             check_readable(self.token_file, "--token-file")
         if self.connect_timeout <= 0 or self.reconnect_max <= 0:
             raise ValueError("--connect-timeout and --reconnect-max must be positive")
-        if not 0 < self.proxy_port < 65536:
-            raise ValueError(f"--proxy-port must be a TCP port, got {self.proxy_port}")
-        if self.probe_concurrency < 1 or self.kube_timeout <= 0:
-            raise ValueError("--probe-concurrency must be at least 1, --kube-timeout positive")
+        shared.check_shared(kube_timeout=self.kube_timeout, proxy_port=self.proxy_port)
+        if self.probe_concurrency < 1:
+            raise ValueError("--probe-concurrency must be at least 1")
         if self.confirm_delay < 0:
             raise ValueError("--confirm-delay must not be negative")
         if self.probe_timeout >= self.interval:

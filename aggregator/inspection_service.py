@@ -1,0 +1,95 @@
+"""The read-only InspectionService: the core's query methods, as ``servehealth.v1`` messages."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+
+import grpc
+
+from aggregator import wire
+from aggregator.core import Core
+from aggregator.guard import Guard
+from aggregator.transition_feed import WatcherTooSlow
+from servehealth.v1 import servehealth_pb2 as pb
+from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
+from servehealth_common.pod_identity import PodKey
+from servehealth_common.states import ServeState
+
+
+class InspectionService(pb_grpc.InspectionServiceServicer):
+    def __init__(
+        self,
+        core: Core,
+        label_key: str,
+        wall_clock: Callable[[], float] = time.time,
+        *,
+        guard: Guard | None = None,
+    ) -> None:
+        self._core = core
+        self._label_key = label_key
+        self._wall_clock = wall_clock
+        #: --inspection-auth tokenreview: each call must carry a genuine token (None: open).
+        self._guard = guard
+
+    async def _authenticate(self, context: grpc.aio.ServicerContext) -> None:
+        if self._guard is not None:
+            await self._guard.admit_call(context, "inspection")
+
+    def _clocks(self) -> tuple[float, float]:
+        return self._core.now(), self._wall_clock()
+
+    async def ListPods(
+        self, request: pb.ListPodsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListPodsResponse:
+        await self._authenticate(context)
+        states = set(request.states)
+        now, wall = self._clocks()
+        pods = [
+            wire.pod_message(record, now, wall)
+            for record in self._core.pods()
+            if (not request.namespace or record.key.namespace == request.namespace)
+            and (not states or int(record.state) in states)
+        ]
+        pods.sort(key=lambda pod: (pod.namespace, pod.name))
+        return pb.ListPodsResponse(pods=pods)
+
+    async def GetPod(self, request: pb.GetPodRequest, context: grpc.aio.ServicerContext) -> pb.Pod:
+        await self._authenticate(context)
+        if not request.namespace or not request.name:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "namespace and name are both required"
+            )
+        record = self._core.pod(PodKey(request.namespace, request.name))
+        if record is None:
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND,
+                f"pod {request.namespace}/{request.name} is not tracked",
+            )
+        return wire.pod_message(record, *self._clocks())
+
+    async def GetSummary(
+        self, request: pb.GetSummaryRequest, context: grpc.aio.ServicerContext
+    ) -> pb.Summary:
+        await self._authenticate(context)
+        summary = self._core.summary()
+        return pb.Summary(
+            pods=sum(summary.counts.values()),
+            pods_by_state={
+                pb.ServeState.Name(int(state)): summary.counts[state] for state in ServeState
+            },
+            agents_connected=summary.agents_connected,
+            label_key=self._label_key,
+            panic=summary.panic,
+            pods_in_pull_mode=summary.pods_in_pull_mode,
+        )
+
+    async def WatchTransitions(
+        self, request: pb.WatchTransitionsRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.Transition]:
+        await self._authenticate(context)
+        try:
+            async for transition in self._core.watch(request.namespace):
+                yield wire.transition_message(transition, *self._clocks())
+        except WatcherTooSlow as error:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(error))

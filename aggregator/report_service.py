@@ -1,0 +1,290 @@
+"""The Report servicer: gRPC messages and statuses in and out, nothing else.
+
+Per stream: refuse it if this replica does not serve reports, count it per client address,
+check its token (:mod:`aggregator.guard`), read its hello within ``--hello-timeout``, validate
+messages (:mod:`aggregator.wire`), and hand each report to the stream's
+:class:`~aggregator.report_stream.ReportStream`, which applies the admission rules and calls the
+core. Every refusal becomes a status through :data:`STATUS_OF`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import NoReturn
+
+import grpc
+from google.protobuf.message import DecodeError
+
+from aggregator import wire
+from aggregator.admission import (
+    AdmissionSettings,
+    Outcome,
+    Refusal,
+    StreamsPerPeer,
+    peer_host,
+    refused,
+    unknown_pod,
+)
+from aggregator.core import Core, NotAdmitted
+from aggregator.guard import Guard
+from aggregator.metrics import Metrics
+from aggregator.rate_limit import StreamRateLimit
+from aggregator.report_stream import ReportStream
+from servehealth.v1 import servehealth_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+REPORT_METHOD = "Report"
+#: Why a standby refuses a Report stream (UNAVAILABLE: agents try the next address).
+STANDBY_MESSAGE = (
+    "this aggregator is a standby (leader election): reports go to the leader; reconnect"
+)
+STATUS_OF = {
+    Refusal.INVALID: grpc.StatusCode.INVALID_ARGUMENT,
+    Refusal.NO_HELLO: grpc.StatusCode.DEADLINE_EXCEEDED,
+    Refusal.UNKNOWN_POD: grpc.StatusCode.FAILED_PRECONDITION,
+    Refusal.WRONG_NODE: grpc.StatusCode.PERMISSION_DENIED,
+    Refusal.TOO_MANY_STREAMS: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    Refusal.TOO_MANY_PODS: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    Refusal.TOO_FAST: grpc.StatusCode.RESOURCE_EXHAUSTED,
+}
+UNDECODABLE_TEXT = "a message on this Report stream could not be decoded as an AgentMessage"
+
+# What the deserializer hands over for bytes that are not an AgentMessage: one shared empty
+# message, so it reads as "no kind", and only the error branch that follows asks whether it was
+# this one (no cost to a good report).
+UNDECODABLE = pb.AgentMessage()
+
+
+def decode_agent_message(data: bytes) -> pb.AgentMessage:
+    """``AgentMessage.FromString`` that never raises (gRPC would answer INTERNAL)."""
+    try:
+        return pb.AgentMessage.FromString(data)
+    except DecodeError:
+        return UNDECODABLE
+
+
+@dataclass(frozen=True, slots=True)
+class ReportSettings:
+    heartbeat_interval: float = 1.0
+    ack_every: int = 1
+    max_reports_per_second: int = 50
+    hello_timeout: float = 10.0
+    admission: AdmissionSettings = field(default_factory=AdmissionSettings)
+
+
+class ReportService:
+    def __init__(
+        self,
+        core: Core,
+        metrics: Metrics,
+        settings: ReportSettings,
+        *,
+        accepting: Callable[[], bool],
+        guard: Guard | None = None,
+    ) -> None:
+        self._core = core
+        self._metrics = metrics
+        self._settings = settings
+        #: Whether this replica serves reports now (a standby refuses them: UNAVAILABLE).
+        self._accepting = accepting
+        #: --auth tokenreview: checks each stream's token against its hello (None: --auth none).
+        self._guard = guard
+        self._peers = StreamsPerPeer(settings.admission.max_streams_per_peer)
+        self._clock = asyncio.get_running_loop().time
+        self._draining: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._agent_settings = pb.AggregatorMessage(
+            settings=pb.AgentSettings(heartbeat_interval=wire.duration(settings.heartbeat_interval))
+        )
+
+    def register(self, server: grpc.aio.Server) -> None:
+        """Add the Report method to ``server``, with a deserializer that never raises.
+
+        (The generated ``add_ReportServiceServicer_to_server`` uses ``FromString``: gRPC would
+        end a stream of undecodable bytes with INTERNAL; here it gets INVALID_ARGUMENT.)
+        """
+        service = pb.DESCRIPTOR.services_by_name["ReportService"].full_name
+        handlers = {
+            REPORT_METHOD: grpc.stream_stream_rpc_method_handler(
+                self.Report,
+                request_deserializer=decode_agent_message,
+                response_serializer=pb.AggregatorMessage.SerializeToString,
+            )
+        }
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
+        server.add_registered_method_handlers(service, handlers)
+
+    async def _refuse(self, context: grpc.aio.ServicerContext, outcome: Outcome) -> NoReturn:
+        assert outcome.refusal is not None
+        if outcome.cause is not None and self._guard is not None:
+            await self._guard.refuse(context, "report", outcome.cause)
+        code = STATUS_OF[outcome.refusal]
+        self._metrics.streams_rejected.labels(code.name).inc()
+        log.warning(
+            "rejecting report stream from %s: %s: %s", context.peer(), code.name, outcome.message
+        )
+        await context.abort(code, outcome.message)
+        raise AssertionError("unreachable")  # pragma: no cover - abort raises
+
+    async def Report(
+        self,
+        request_iterator: AsyncIterator[pb.AgentMessage],
+        context: grpc.aio.ServicerContext,
+    ) -> None:
+        if not self._accepting():
+            log.debug("refusing a report stream from %s: standby", context.peer())
+            await context.abort(grpc.StatusCode.UNAVAILABLE, STANDBY_MESSAGE)
+        # The stream is served in a task of its own so that a drain can end it with a
+        # status (cancelling the handler itself would close it with no status at all).
+        stream = asyncio.ensure_future(self._serve_stream(context))
+        try:
+            await asyncio.wait((stream, self._draining), return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:  # the client went away: gRPC cancels this handler
+            stream.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await stream
+            raise
+        if not stream.done():
+            stream.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await stream
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE, "aggregator is shutting down; reconnect"
+            )
+        stream.result()  # re-raise the abort of a rejected stream
+
+    def close_streams(self) -> None:
+        """End every open Report stream now with UNAVAILABLE (drain); agents reconnect."""
+        if not self._draining.done():
+            self._draining.set_result(None)
+
+    async def _serve_stream(self, context: grpc.aio.ServicerContext) -> None:
+        host = peer_host(context.peer())
+        outcome = self._peers.open(host)
+        if not outcome.admitted:
+            await self._refuse(context, outcome)
+        try:
+            # The only deadline of a stream: its token's expiry (set after the hello).
+            async with asyncio.timeout(None) as token_expiry:
+                await self._serve_counted_stream(context, token_expiry)
+        except TimeoutError:
+            if self._guard is None or not token_expiry.expired():
+                raise
+            await self._guard.expired(context)
+        finally:
+            self._peers.close(host)
+
+    async def _read_hello(self, context: grpc.aio.ServicerContext) -> pb.Hello | None:
+        """The stream's hello (None: the client closed it first); refuses anything else."""
+        timeout = self._settings.hello_timeout
+        try:
+            async with asyncio.timeout(timeout):
+                first = await context.read()
+        except TimeoutError:
+            await self._refuse(
+                context,
+                refused(
+                    Refusal.NO_HELLO,
+                    f"no hello within {timeout:g}s of opening the stream (--hello-timeout)",
+                ),
+            )
+        if first is grpc.aio.EOF:
+            return None
+        if first.WhichOneof("kind") != "hello":
+            await self._refuse(
+                context,
+                refused(
+                    Refusal.INVALID,
+                    UNDECODABLE_TEXT
+                    if first is UNDECODABLE
+                    else "the first message on a Report stream must be a hello",
+                ),
+            )
+        return first.hello
+
+    async def _serve_counted_stream(
+        self, context: grpc.aio.ServicerContext, token_expiry: asyncio.Timeout
+    ) -> None:
+        # The token first (no hello read for a stranger), then the hello, within its deadline.
+        verified = await self._guard.authenticate(context) if self._guard is not None else None
+        hello = await self._read_hello(context)
+        if hello is None:
+            return
+        try:
+            pods = wire.pods_from_hello(hello)
+        except wire.InvalidMessage as error:
+            await self._refuse(context, refused(Refusal.INVALID, str(error)))
+        node = None  # a DaemonSet agent's token binds its reports to the token's node
+        if self._guard is not None and verified is not None:
+            grant = await self._guard.bind(context, verified, hello)
+            token_expiry.reschedule(grant.deadline)
+            node = grant.node
+        sidecar = hello.mode == pb.AGENT_MODE_SIDECAR
+        try:
+            stream_id = self._core.hello(pods)
+        except NotAdmitted as error:
+            await self._refuse(context, unknown_pod(True, str(error)))
+        settings = self._settings
+        stream = ReportStream(
+            self._core,
+            self._metrics,
+            stream_id=stream_id,
+            own_pod=pods[0].key if sidecar else None,
+            node=node,
+            rate_limit=StreamRateLimit(settings.max_reports_per_second, self._clock),
+            max_pods=settings.admission.max_pods_per_stream,
+            ack_every=settings.ack_every,
+        )
+        log.info(
+            "agent %s connected from %s (%s, node %s, version %s)",
+            stream_id,
+            context.peer(),
+            pb.AgentMode.Name(hello.mode),
+            hello.node_name or "?",
+            hello.agent_version or "?",
+        )
+        try:
+            await context.write(self._agent_settings)
+            await self._serve_reports(context, stream)
+        finally:
+            stream.close()
+            log.info("agent %s disconnected (%d pods)", stream_id, len(stream.pods))
+
+    async def _serve_reports(self, context: grpc.aio.ServicerContext, stream: ReportStream) -> None:
+        while True:
+            message = await context.read()
+            if message is grpc.aio.EOF:
+                return
+            outcome = stream.message()
+            if not outcome.admitted:
+                await self._refuse(context, outcome)
+            if message.WhichOneof("kind") != "reports":
+                await self._refuse(
+                    context,
+                    refused(
+                        Refusal.INVALID,
+                        UNDECODABLE_TEXT
+                        if message is UNDECODABLE
+                        else "expected reports: a hello may be sent only once per stream",
+                    ),
+                )
+            sequence = 0
+            changed = False
+            for pod_report in message.reports.reports:
+                try:
+                    key, observation = wire.observation_from_report(pod_report, stream.own_pod)
+                except wire.InvalidMessage as error:
+                    await self._refuse(context, refused(Refusal.INVALID, str(error)))
+                outcome, moved = stream.report(key, observation)
+                if outcome.refusal is not None:
+                    await self._refuse(context, outcome)
+                if outcome.skip:
+                    continue
+                changed |= moved
+                sequence = max(sequence, pod_report.sequence)
+            if stream.ack_due(changed):
+                await context.write(pb.AggregatorMessage(ack=pb.Ack(sequence=sequence)))

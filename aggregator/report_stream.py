@@ -1,0 +1,92 @@
+"""One agent's Report stream after its hello: its pods, its node binding, its budget, its acks.
+
+The servicer makes one per stream and hands it each validated report; this object applies the
+admission rules (:mod:`aggregator.admission`), passes admitted reports to the core, counts the
+skipped ones, and says when an ack is due. It knows nothing of gRPC.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from aggregator.admission import ADMITTED, Outcome, Refusal, new_pod_on_stream, refused, unknown_pod
+from aggregator.core import Core, NotAdmitted
+from aggregator.metrics import Metrics
+from aggregator.rate_limit import StreamRateLimit
+from aggregator.tracker import Observation
+from servehealth_common.pod_identity import PodKey
+
+log = logging.getLogger(__name__)
+
+
+class ReportStream:
+    def __init__(
+        self,
+        core: Core,
+        metrics: Metrics,
+        *,
+        stream_id: int,
+        own_pod: PodKey | None,
+        node: str | None,
+        rate_limit: StreamRateLimit,
+        max_pods: int,
+        ack_every: int,
+    ) -> None:
+        self._core = core
+        self._ignored = metrics.reports_ignored
+        self.stream_id = stream_id
+        #: A sidecar's pod (None for a DaemonSet agent): the only pod it may report for.
+        self.own_pod = own_pod
+        #: The node a DaemonSet agent's token binds it to (None: not bound, or a sidecar).
+        self._node = node
+        self._rate_limit = rate_limit
+        self._max_pods = max_pods
+        self._ack_every = ack_every
+        self._unacked = 0
+        #: Every pod this stream has reported for (they lose their agent when it ends).
+        self.pods: set[PodKey] = set()
+
+    def message(self) -> Outcome:
+        """A message arrived: within the stream's rate, or the stream ends."""
+        if self._rate_limit.take():
+            return ADMITTED
+        return refused(
+            Refusal.TOO_FAST,
+            f"more than {self._rate_limit.rate} report messages per second on this stream "
+            "(--max-reports-per-second)",
+        )
+
+    def report(self, key: PodKey, observation: Observation) -> tuple[Outcome, bool]:
+        """One validated report: what admission says, and whether it changed the pod's state."""
+        if key not in self.pods:
+            outcome = new_pod_on_stream(
+                key, len(self.pods), self._max_pods, self._node, self._core.pod_info(key)
+            )
+            if not outcome.admitted:
+                return self._skipped(outcome), False
+        try:
+            changed = self._core.report(self.stream_id, key, observation)
+        except NotAdmitted as error:
+            return self._skipped(unknown_pod(self.own_pod is not None, str(error))), False
+        self.pods.add(key)
+        return ADMITTED, changed
+
+    def _skipped(self, outcome: Outcome) -> Outcome:
+        if outcome.skip:
+            self._ignored.labels(outcome.skip).inc()
+            if outcome.message:
+                log.debug("ignoring a report: %s", outcome.message)
+        return outcome
+
+    def ack_due(self, changed: bool) -> bool:
+        """Acks are cumulative: one for a message that changed something, otherwise one every
+        ``ack_every`` messages (each write costs as much as a read)."""
+        self._unacked += 1
+        if changed or self._unacked >= self._ack_every:
+            self._unacked = 0
+            return True
+        return False
+
+    def close(self) -> None:
+        """The stream ended: its pods have no agent now (the core pulls them)."""
+        self._core.goodbye(self.stream_id, self.pods)

@@ -1,0 +1,298 @@
+"""The one place where the command line becomes components.
+
+Every component takes its own small settings object (or a few plain values); this module alone
+reads :class:`~aggregator.flags.AggregatorFlags` and decides which backend, guard, elector and
+metrics server to build. :func:`build_aggregator` returns an :class:`~aggregator.server.Aggregator`
+ready to ``start()``; call it inside the running event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from aggregator import __version__
+from aggregator.admission import AdmissionSettings
+from aggregator.auth import DEFAULT_AUDIENCE, ReviewUnavailable, TokenReviewer
+from aggregator.channel_options import GrpcServerSettings
+from aggregator.core import Core, CoreSettings
+from aggregator.expiry import ExpiryLoop
+from aggregator.flags import AggregatorFlags
+from aggregator.guard import Guard
+from aggregator.inspection_service import InspectionService
+from aggregator.kube.api import KubeApi
+from aggregator.kube.lease import (
+    LeaderElectionConfigError,
+    candidate_identity,
+    lease_namespace,
+    make_elector,
+)
+from aggregator.kube.registry import KubeRegistry, KubeSettings
+from aggregator.leader import ElectionSettings
+from aggregator.lifecycle import Lifecycle
+from aggregator.metrics import Metrics
+from aggregator.panic import PanicDetector
+from aggregator.puller import Puller, PullSettings
+from aggregator.registry import MemoryRegistry, PodRegistry
+from aggregator.report_service import ReportService, ReportSettings
+from aggregator.server import Aggregator, Election, PortSettings
+from aggregator.tracker import Clock, Tracker, TrackerSettings
+from servehealth_common.config import split_host_port
+from servehealth_common.kube.client import NoKubeConfig, find_config, load_configuration
+from servehealth_common.kube.errors import APIError
+from servehealth_common.metrics_http import MetricsServer, MetricsServerSettings
+
+log = logging.getLogger(__name__)
+
+#: Threads (and connections) for TokenReview calls: a pool of their own, so that a reconnect
+#: storm of agents waits neither for nor in front of label writes.
+REVIEW_THREADS = 8
+
+
+# -- each component's own settings ------------------------------------------------------------
+
+
+def tracker_settings(flags: AggregatorFlags) -> TrackerSettings:
+    return TrackerSettings(
+        heartbeat_ttl=flags.heartbeat_ttl,
+        failure_threshold=flags.failure_threshold,
+        success_threshold=flags.success_threshold,
+        # A pulled pod is pulled again every pull interval at the latest.
+        pull_ttl=flags.pull_interval + flags.heartbeat_ttl,
+    )
+
+
+def core_settings(flags: AggregatorFlags) -> CoreSettings:
+    return CoreSettings(panic_settle=flags.panic_settle, panic_min_pods=flags.panic_min_pods)
+
+
+def pull_settings(flags: AggregatorFlags) -> PullSettings:
+    return PullSettings(
+        pull_interval=flags.pull_interval,
+        pull_timeout=flags.pull_timeout,
+        pull_concurrency=flags.pull_concurrency,
+        heartbeat_ttl=flags.heartbeat_ttl,
+    )
+
+
+def report_settings(flags: AggregatorFlags) -> ReportSettings:
+    return ReportSettings(
+        heartbeat_interval=flags.heartbeat_interval,
+        ack_every=flags.ack_every,
+        max_reports_per_second=flags.max_reports_per_second,
+        hello_timeout=flags.hello_timeout,
+        admission=AdmissionSettings(
+            max_streams_per_peer=flags.max_streams_per_peer,
+            max_pods_per_stream=flags.max_pods_per_stream,
+        ),
+    )
+
+
+def grpc_server_settings(flags: AggregatorFlags) -> GrpcServerSettings:
+    return GrpcServerSettings(
+        max_message_bytes=flags.max_message_bytes,
+        handshake_timeout=flags.handshake_timeout,
+        keepalive_time=flags.keepalive_time,
+        keepalive_timeout=flags.keepalive_timeout,
+        max_connection_idle=flags.max_connection_idle,
+        max_connections=flags.max_connections,
+    )
+
+
+def port_settings(flags: AggregatorFlags) -> PortSettings:
+    return PortSettings(
+        listen=flags.listen,
+        tls_cert=flags.tls_cert,
+        tls_key=flags.tls_key,
+        tls_client_ca=flags.tls_client_ca,
+        shutdown_grace=flags.shutdown_grace,
+        startup_grace=flags.effective_startup_grace,
+        label_key=flags.label_key,
+        grpc=grpc_server_settings(flags),
+    )
+
+
+def kube_settings(flags: AggregatorFlags) -> KubeSettings:
+    return KubeSettings(
+        namespaces=flags.namespace,
+        pod_selector=flags.pod_selector,
+        proxy_port=flags.proxy_port,
+        label_key=flags.label_key,
+        mode=flags.mode,
+        condition_type=flags.condition_type,
+        events=flags.events,
+        qps=flags.kube_qps,
+        burst=flags.kube_burst,
+        concurrency=flags.kube_concurrency,
+    )
+
+
+def election_settings(flags: AggregatorFlags) -> ElectionSettings:
+    return ElectionSettings(
+        lease_duration=int(flags.leader_elect_lease_duration),
+        renew_deadline=flags.leader_elect_renew_deadline,
+        retry_period=flags.leader_elect_retry_period,
+    )
+
+
+def metrics_server_settings(flags: AggregatorFlags) -> MetricsServerSettings | None:
+    if not flags.metrics_listen:
+        return None
+    host, port = split_host_port(flags.metrics_listen)
+    return MetricsServerSettings(host=host, port=port)
+
+
+# -- the components that depend on the environment -----------------------------------------
+
+
+def make_registry(flags: AggregatorFlags, metrics: Metrics) -> PodRegistry:
+    """The backend the flags ask for; ``auto`` picks kubernetes when a config is found."""
+    backend = flags.kube_backend
+    if backend == "auto":
+        found = find_config(flags.kubeconfig)
+        backend = "kubernetes" if found else "memory"
+        log.info(
+            "--kube-backend auto: %s",
+            f"using kubernetes ({found})" if found else "no Kubernetes configuration, using memory",
+        )
+    if backend == "memory":
+        return MemoryRegistry(flags.label_key)
+    api = KubeApi(
+        load_configuration(flags.kubeconfig),
+        timeout=flags.kube_timeout,
+        concurrency=flags.kube_concurrency,
+    )
+    return KubeRegistry(api, kube_settings(flags), metrics)
+
+
+def make_guard(flags: AggregatorFlags, metrics: Metrics, *, knows_nodes: bool) -> Guard | None:
+    """The guard the flags ask for (None when neither --auth nor --inspection-auth checks
+    tokens); NoKubeConfig when they do and no Kubernetes configuration is found."""
+    if flags.auth == "none":
+        log.warning(
+            "--auth none: any client that reaches the gRPC port may report for any pod and "
+            "move it in or out of service; use it only for local use, never in a cluster"
+        )
+    checked = [
+        flag
+        for flag, value in (("--auth", flags.auth), ("--inspection-auth", flags.inspection_auth))
+        if value == "tokenreview"
+    ]
+    if not checked:
+        return None
+    try:
+        configuration = load_configuration(flags.kubeconfig)
+    except NoKubeConfig as error:
+        raise NoKubeConfig(
+            f"{' and '.join(f'{flag} tokenreview' for flag in checked)}: tokens are checked with "
+            f"the Kubernetes TokenReview API, and {error}; for local use without Kubernetes, "
+            f"pass {' '.join(f'{flag} none' for flag in checked)}"
+        ) from None
+    api = KubeApi(configuration, timeout=flags.kube_timeout, concurrency=REVIEW_THREADS)
+
+    async def review(token: str, audience: str) -> dict[str, Any]:
+        try:
+            return await api.review_token(token, audience)
+        except APIError as error:
+            raise ReviewUnavailable(
+                f"the Kubernetes API could not check the token ({error}); retry"
+            ) from None
+
+    reviewer = TokenReviewer(
+        review,
+        flags.auth_audience or DEFAULT_AUDIENCE,
+        metrics,
+        clock=asyncio.get_running_loop().time,
+    )
+    return Guard(
+        reviewer,
+        metrics,
+        knows_nodes=knows_nodes,
+        node_agents=flags.auth_node_agent_service_account,
+        close=api.close,
+    )
+
+
+def make_election(
+    flags: AggregatorFlags,
+    registry: PodRegistry,
+    metrics: Metrics,
+    environ: Mapping[str, str] = os.environ,
+) -> Election | None:
+    """The Lease elector ``--leader-elect*`` describe (None without --leader-elect)."""
+    if not flags.leader_elect:
+        return None
+    if not registry.seeds_from_cluster:
+        raise LeaderElectionConfigError(
+            f"--leader-elect needs the kubernetes backend, not {registry.name} "
+            "(with --kube-backend auto: no Kubernetes configuration was found)"
+        )
+    timings = election_settings(flags)
+    elector, store = make_elector(
+        load_configuration(flags.kubeconfig),
+        namespace=lease_namespace(flags.leader_elect_namespace, environ),
+        lease_name=flags.leader_elect_lease_name,
+        identity=candidate_identity(flags.leader_elect_identity, environ),
+        timings=timings,
+        on_renew_failure=metrics.lease_renew_failures.inc,
+    )
+    return Election(
+        elector,
+        store,
+        f"lease {flags.leader_elect_lease_duration:g}s, renew deadline "
+        f"{flags.leader_elect_renew_deadline:g}s, retry {flags.leader_elect_retry_period:g}s",
+    )
+
+
+def build_aggregator(
+    flags: AggregatorFlags,
+    *,
+    registry: PodRegistry | None = None,
+    clock: Clock = time.monotonic,
+) -> Aggregator:
+    """Every component of one aggregator process, wired together (not started)."""
+    metrics = Metrics(__version__)
+    registry = registry or make_registry(flags, metrics)
+    election = make_election(flags, registry, metrics)
+    lifecycle = Lifecycle()
+    puller = Puller(pull_settings(flags), metrics, clock)
+    core = Core(
+        Tracker(tracker_settings(flags), clock),
+        registry,
+        metrics,
+        PanicDetector(flags.panic_threshold, flags.heartbeat_ttl, clock),
+        puller,
+        core_settings(flags),
+    )
+    guard = make_guard(flags, metrics, knows_nodes=registry.seeds_from_cluster)
+    metrics_settings = metrics_server_settings(flags)
+    return Aggregator(
+        port_settings(flags),
+        lifecycle=lifecycle,
+        core=core,
+        registry=registry,
+        metrics=metrics,
+        puller=puller,
+        expiry=ExpiryLoop(core.expire, flags.expiry_interval),
+        reports=ReportService(
+            core,
+            metrics,
+            report_settings(flags),
+            accepting=lifecycle.accepts_reports,
+            guard=guard if flags.auth == "tokenreview" else None,
+        ),
+        inspection=InspectionService(
+            core,
+            flags.label_key,
+            guard=guard if flags.inspection_auth == "tokenreview" else None,
+        ),
+        metrics_server=(
+            MetricsServer(metrics.registry, metrics_settings) if metrics_settings else None
+        ),
+        guard=guard,
+        election=election,
+    )

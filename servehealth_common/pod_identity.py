@@ -1,0 +1,33 @@
+"""Which pod a thing is about: the identity types both programs share.
+
+:class:`PodKey` names a pod (namespace and name); :class:`PodInfo` adds what is known of the
+pod object itself (uid, node, address and Serve port). Every module that speaks of a pod uses
+these two, and no other type means the same.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+
+class PodKey(NamedTuple):
+    """A pod's namespace and name: unique among live pods, reused by a replacement pod."""
+
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class PodInfo:
+    """A pod as its registry knows it: the uid tells a replacement pod of the same name apart;
+    the address and port are where its Serve proxy can be probed (unknown in memory mode)."""
+
+    key: PodKey
+    uid: str = ""
+    node_name: str = ""
+    pod_ip: str = ""
+    serve_port: int = 0
