@@ -1,0 +1,57 @@
+"""The design is inside the repository and matches the code: the README links
+docs/architecture.md and nothing outside the repository, its layout table names every package,
+and docs/architecture.md names every module of the two programs."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+ARCHITECTURE = (ROOT / "docs" / "architecture.md").read_text()
+MARKDOWN = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+LINK = re.compile(r"\]\(([^)#\s]+)")
+
+
+def packages() -> list[str]:
+    """Every Python package of the product and the wire contract, as a path."""
+    found = []
+    for top in ("aggregator", "node_agent", "servehealth_common", "proto/servehealth/v1"):
+        for init in sorted((ROOT / top).rglob("__init__.py")):
+            found.append(str(init.parent.relative_to(ROOT)))
+    return [path for path in found if path != "proto/servehealth"]
+
+
+def test_the_readme_links_the_architecture() -> None:
+    assert "(docs/architecture.md)" in (ROOT / "README.md").read_text()
+
+
+@pytest.mark.parametrize("document", MARKDOWN, ids=lambda path: path.name)
+def test_no_link_leaves_the_repository(document: Path) -> None:
+    for target in LINK.findall(document.read_text()):
+        if "://" in target or target.startswith("mailto:"):
+            continue
+        resolved = (document.parent / target).resolve()
+        assert resolved.is_relative_to(ROOT), f"{document.name} links {target}, outside the repo"
+        assert resolved.exists(), f"{document.name} links {target}, which does not exist"
+
+
+def test_the_layout_table_lists_every_package() -> None:
+    readme = (ROOT / "README.md").read_text()
+    layout = readme[readme.index("## Layout") :]
+    rows = {match.group(1).rstrip("/") for match in re.finditer(r"^\| `([^`]+)` \|", layout, re.M)}
+    missing = [package for package in packages() if package not in rows]
+    assert not missing, f"README's layout table does not list {missing}"
+
+
+def test_the_architecture_names_every_module_of_both_programs() -> None:
+    modules = [
+        path.relative_to(ROOT / top).as_posix()
+        for top in ("aggregator", "node_agent")
+        for path in sorted((ROOT / top).rglob("*.py"))
+        if not path.name.startswith("__")
+    ]
+    missing = [module for module in modules if module not in ARCHITECTURE]
+    assert not missing, f"docs/architecture.md does not say what these are: {missing}"
