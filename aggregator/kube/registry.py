@@ -78,9 +78,7 @@ class KubeRegistry(PodRegistry):
                 concurrency=settings.concurrency,
             ),
             metrics,
-            current=self.carried,
-            written=self._written,
-            refresh=self._refresh,
+            self,
         )
         self.discovery = Discovery(
             api,
@@ -191,7 +189,7 @@ class KubeRegistry(PodRegistry):
         if self._sink is not None:
             self._sink.pod_gone(key)
 
-    # -- writer callbacks ---------------------------------------------------------------
+    # -- the pod copies the writer reads and updates (PodCopies) --------------------------
 
     def carried(self, key: PodKey, kind: WriteKind) -> str | None:
         pod = self._pods.get(key)
@@ -201,7 +199,7 @@ class KubeRegistry(PodRegistry):
             return pod.labels.get(self.settings.label_key)
         return pod.conditions.get(self.settings.condition_type)
 
-    def _written(self, key: PodKey, kind: WriteKind, value: str, body: dict[str, Any]) -> None:
+    def written(self, key: PodKey, kind: WriteKind, value: str, body: dict[str, Any]) -> None:
         pod = self._pods.get(key)
         if pod is None:
             return
@@ -218,6 +216,6 @@ class KubeRegistry(PodRegistry):
             conditions = {**pod.conditions, self.settings.condition_type: value}
             self._pods[key] = replace(pod, conditions=conditions)
 
-    async def _refresh(self, key: PodKey) -> None:
+    async def refresh(self, key: PodKey) -> None:
         body = await self.api.get_pod(key)
         self._upsert(parse_pod(body, self.settings.proxy_port))

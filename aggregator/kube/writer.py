@@ -19,9 +19,8 @@ import contextlib
 import datetime
 import logging
 import random
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from aiolimiter import AsyncLimiter
 
@@ -49,6 +48,19 @@ class WriterSettings:
     concurrency: int
 
 
+class PodCopies(Protocol):
+    """The registry's copy of each pod, as the writer reads and updates it."""
+
+    def carried(self, key: PodKey, kind: WriteKind) -> str | None:
+        """What the pod carries now for ``kind`` (None: absent)."""
+
+    def written(self, key: PodKey, kind: WriteKind, value: str, body: dict[str, Any]) -> None:
+        """A write of ``value`` succeeded; ``body`` is the API's answer (the pod as written)."""
+
+    async def refresh(self, key: PodKey) -> None:
+        """Read the pod again (after a 409)."""
+
+
 def retry_delay(attempt: int, rng: random.Random) -> float:
     base = RETRY_BACKOFF[min(attempt, len(RETRY_BACKOFF)) - 1]
     return base * rng.uniform(0.8, 1.2)
@@ -60,18 +72,14 @@ class Writer:
         api: KubeApi,
         settings: WriterSettings,
         metrics: Metrics,
+        pods: PodCopies,
         *,
-        current: Callable[[PodKey, WriteKind], str | None],
-        written: Callable[[PodKey, WriteKind, str, dict[str, Any]], None],
-        refresh: Callable[[PodKey], Awaitable[None]],
         rng: random.Random | None = None,
     ) -> None:
         self._api = api
         self.settings = settings
         self._metrics = metrics
-        self._current = current
-        self._written = written
-        self._refresh = refresh
+        self._pods = pods
         self._rng = rng or random.Random()
         self.limiter = AsyncLimiter(settings.burst, settings.burst / settings.qps)
         self._queue: asyncio.Queue[Target] = asyncio.Queue()
@@ -88,7 +96,7 @@ class Writer:
         already wanted. True if a write is now pending for it (False: nothing to write)."""
         target = (key, kind)
         pending = self._wanted.get(target)
-        if pending is None and not write_needed(kind, self._current(key, kind), value):
+        if pending is None and not write_needed(kind, self._pods.carried(key, kind), value):
             return False
         if message is None:
             message = pending[1] if pending is not None else ""
@@ -155,7 +163,7 @@ class Writer:
         wanted = self._wanted.get(target)
         if wanted is None:
             return True
-        if not write_needed(target[1], self._current(*target), wanted[0]):
+        if not write_needed(target[1], self._pods.carried(*target), wanted[0]):
             del self._wanted[target]
             self._attempts.pop(target, None)
             return True
@@ -181,7 +189,7 @@ class Writer:
             self._metrics.label_writes.labels(kind.value, "conflict").inc()
             log.info("%s; re-reading the pod", error)
             with contextlib.suppress(APIError):
-                await self._refresh(key)
+                await self._pods.refresh(key)
             return 0.0
         except APIError as error:
             attempt = self._attempts[target] = self._attempts.get(target, 0) + 1
@@ -196,7 +204,7 @@ class Writer:
             return delay
         self._metrics.label_writes.labels(kind.value, "success").inc()
         self._attempts.pop(target, None)
-        self._written(key, kind, value, pod)
+        self._pods.written(key, kind, value, pod)
         if self._wanted.get(target, (None,))[0] == value:
             del self._wanted[target]
         return None
