@@ -76,10 +76,6 @@ class Lifecycle:
         if self._on_change is not None:
             self._on_change(old, phase)
 
-    def accepts_reports(self) -> bool:
-        """Only the leader serves Report streams (a standby refuses them: UNAVAILABLE)."""
-        return self._phase is Phase.LEADING
-
     def stopping(self) -> bool:
         """Whether a stop began (a second stop does nothing)."""
         return self._phase in (Phase.STOPPING, Phase.STOPPED)

@@ -31,6 +31,7 @@ from aggregator.admission import (
 )
 from aggregator.core import Core, NotAdmitted
 from aggregator.guard import Guard
+from aggregator.lifecycle import Phase
 from aggregator.metrics import Metrics
 from aggregator.rate_limit import StreamRateLimit
 from aggregator.report_stream import ReportStream
@@ -43,6 +44,8 @@ REPORT_METHOD = "Report"
 STANDBY_MESSAGE = (
     "this aggregator is a standby (leader election): reports go to the leader; reconnect"
 )
+#: Why a stopping (or stepping down) aggregator refuses one.
+SHUTDOWN_MESSAGE = "aggregator is shutting down; reconnect"
 STATUS_OF = {
     Refusal.INVALID: grpc.StatusCode.INVALID_ARGUMENT,
     Refusal.NO_HELLO: grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -68,6 +71,11 @@ def decode_agent_message(data: bytes) -> pb.AgentMessage:
         return UNDECODABLE
 
 
+def unexpected(message: pb.AgentMessage, what: str) -> Outcome:
+    """The refusal of a message of the wrong kind (or of bytes that were no message)."""
+    return refused(Refusal.INVALID, UNDECODABLE_TEXT if message is UNDECODABLE else what)
+
+
 @dataclass(frozen=True, slots=True)
 class ReportSettings:
     heartbeat_interval: float = 1.0
@@ -84,14 +92,14 @@ class ReportService:
         metrics: Metrics,
         settings: ReportSettings,
         *,
-        accepting: Callable[[], bool],
+        phase: Callable[[], Phase],
         guard: Guard | None = None,
     ) -> None:
         self._core = core
         self._metrics = metrics
         self._settings = settings
-        #: Whether this replica serves reports now (a standby refuses them: UNAVAILABLE).
-        self._accepting = accepting
+        #: The aggregator's phase: only the leader serves reports (others: UNAVAILABLE).
+        self._phase = phase
         #: --auth tokenreview: checks each stream's token against its hello (None: --auth none).
         self._guard = guard
         self._peers = StreamsPerPeer(settings.admission.max_streams_per_peer)
@@ -135,9 +143,13 @@ class ReportService:
         request_iterator: AsyncIterator[pb.AgentMessage],
         context: grpc.aio.ServicerContext,
     ) -> None:
-        if not self._accepting():
-            log.debug("refusing a report stream from %s: standby", context.peer())
-            await context.abort(grpc.StatusCode.UNAVAILABLE, STANDBY_MESSAGE)
+        phase = self._phase()
+        if phase is not Phase.LEADING:
+            log.debug("refusing a report stream from %s: %s", context.peer(), phase.value)
+            waiting = phase in (Phase.STARTING, Phase.STANDBY)
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE, STANDBY_MESSAGE if waiting else SHUTDOWN_MESSAGE
+            )
         # The stream is served in a task of its own so that a drain can end it with a
         # status (cancelling the handler itself would close it with no status at all).
         stream = asyncio.ensure_future(self._serve_stream(context))
@@ -152,9 +164,7 @@ class ReportService:
             stream.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await stream
-            await context.abort(
-                grpc.StatusCode.UNAVAILABLE, "aggregator is shutting down; reconnect"
-            )
+            await context.abort(grpc.StatusCode.UNAVAILABLE, SHUTDOWN_MESSAGE)
         stream.result()  # re-raise the abort of a rejected stream
 
     def close_streams(self) -> None:
@@ -196,13 +206,7 @@ class ReportService:
             return None
         if first.WhichOneof("kind") != "hello":
             await self._refuse(
-                context,
-                refused(
-                    Refusal.INVALID,
-                    UNDECODABLE_TEXT
-                    if first is UNDECODABLE
-                    else "the first message on a Report stream must be a hello",
-                ),
+                context, unexpected(first, "the first message on a Report stream must be a hello")
             )
         return first.hello
 
@@ -265,11 +269,8 @@ class ReportService:
             if message.WhichOneof("kind") != "reports":
                 await self._refuse(
                     context,
-                    refused(
-                        Refusal.INVALID,
-                        UNDECODABLE_TEXT
-                        if message is UNDECODABLE
-                        else "expected reports: a hello may be sent only once per stream",
+                    unexpected(
+                        message, "expected reports: a hello may be sent only once per stream"
                     ),
                 )
             sequence = 0

@@ -282,7 +282,7 @@ def build_aggregator(
             core,
             metrics,
             report_settings(flags),
-            accepting=lifecycle.accepts_reports,
+            phase=lambda: lifecycle.phase,
             guard=guard if flags.auth == "tokenreview" else None,
         ),
         inspection=InspectionService(

@@ -286,7 +286,9 @@ async def agent(
             load.sent += 1
             tick += 1.0
         reader.cancel()
-        with contextlib.suppress(grpc.aio.AioRpcError):  # the end of the run, not an error
+        # The end of the run, not an error; the call may have ended already (then grpc raises
+        # its internal ExecuteBatchError, not an AioRpcError).
+        with contextlib.suppress(Exception):
             await call.done_writing()
     except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as error:
         load.errors += 1

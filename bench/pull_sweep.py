@@ -320,9 +320,9 @@ async def measure_ours(
             # (after the panic settle), not during the next one.
             await asyncio.sleep(settings.panic_settle + 0.5)
             writer = getattr(aggregator.registry, "writer", None)
-            if writer is not None:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(writer.wait_idle(), 60)
+            deadline = time.monotonic() + 60
+            while writer is not None and writer.pending and time.monotonic() < deadline:  # noqa: ASYNC110
+                await asyncio.sleep(0.05)
     finally:
         await aggregator.stop()
     return sweeps, used

@@ -41,12 +41,13 @@ FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
 
 
 def make_kube_client(settings: AgentFlags) -> KubeClient:
-    """The agent's Kubernetes client: ``--kubeconfig``, else the in-cluster ServiceAccount.
+    """The agent's Kubernetes client: ``--kubeconfig``, else ``$KUBECONFIG`` or
+    ``~/.kube/config``, else the in-cluster ServiceAccount (the same search as the aggregator's).
 
     Raises :class:`~servehealth_common.kube.client.NoKubeConfig` without either.
     """
     return KubeClient(
-        load_configuration(settings.kubeconfig, search=False),
+        load_configuration(settings.kubeconfig),
         timeout=settings.kube_timeout,
         concurrency=KUBE_THREADS,
         user_agent=USER_AGENT,

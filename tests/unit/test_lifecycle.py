@@ -1,5 +1,6 @@
 """The aggregator's phases (``aggregator.lifecycle``): every change the diagram allows is taken
-and logged, every other one is refused, and only LEADING accepts reports."""
+and logged, every other one is refused (that only LEADING serves reports is tested through real
+streams: tests/kube/test_leader_election.py, tests/aggregator/test_drain.py)."""
 
 from __future__ import annotations
 
@@ -57,16 +58,12 @@ def test_every_change_is_logged_and_reported(caplog: pytest.LogCaptureFixture) -
     assert "starting -> standby: waiting for the Lease" in caplog.text
 
 
-def test_only_the_leader_accepts_reports_and_stepping_down_keeps_its_reason() -> None:
+def test_stepping_down_keeps_its_reason() -> None:
     lifecycle = Lifecycle()
-    assert not lifecycle.accepts_reports()
     lifecycle.move_to(P.STANDBY, "election")
-    assert not lifecycle.accepts_reports()
     lifecycle.move_to(P.LEADING, "Lease held")
-    assert lifecycle.accepts_reports()
     assert lifecycle.step_down_reason is None
     lifecycle.move_to(P.STEPPING_DOWN, "renew deadline passed")
-    assert not lifecycle.accepts_reports()
     assert lifecycle.step_down_reason == "renew deadline passed"
     assert not lifecycle.stopping()
     lifecycle.move_to(P.STOPPING, "after stepping down")
