@@ -325,7 +325,9 @@ class Core:
         return sum(1 for record in tracker.records() if not tracker.agent_speaks(record, now))
 
     def summary(self) -> FleetSummary:
-        return FleetSummary(self.counts(), len(self._agents), self.panic, self.pods_in_pull_mode())
+        return FleetSummary(
+            self.counts(), self.agents_connected, self.panic, self.pods_in_pull_mode()
+        )
 
     def watch(self, namespace: str = "") -> AsyncIterator[StateChange]:
         """Every transition from now on (:class:`~aggregator.transition_feed.TransitionFeed`)."""

@@ -84,6 +84,12 @@ class Metrics:
         self.agents_connected = Gauge(
             f"{PREFIX}_agents_connected", "Open report streams that have said hello.", registry=r
         )
+        self.metrics_connections_refused = Counter(
+            f"{PREFIX}_metrics_connections_refused",
+            "Connections to the /metrics port closed at once because its connection cap "
+            "(64) was reached.",
+            registry=r,
+        )
         self.watchers = Gauge(
             f"{PREFIX}_transition_watchers", "Open WatchTransitions streams.", registry=r
         )

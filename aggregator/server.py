@@ -114,8 +114,9 @@ class Aggregator:
         self.election = election
         self.health = health.aio.HealthServicer()
         self.port = 0
-        #: With --tls-cert: the fetcher that reloads rotated certificate files.
-        self.tls: ReloadingServerCertificate | None = None
+        #: With --tls-cert: the fetcher that reloads rotated certificate files (kept alive
+        #: here: gRPC's C core calls it at each handshake).
+        self._tls: ReloadingServerCertificate | None = None
         self._server: grpc.aio.Server | None = None
         self._finished = asyncio.Event()
         self._electing: asyncio.Task[None] | None = None
@@ -124,10 +125,6 @@ class Aggregator:
     def lost(self) -> str | None:
         """Why leadership was lost (None while it was not): the process should exit 1."""
         return self.lifecycle.step_down_reason
-
-    @property
-    def metrics_port(self) -> int:
-        return self.metrics_server.address[1] if self.metrics_server is not None else 0
 
     async def start(self) -> None:
         """Serve; see the module's docstring for the order."""
@@ -143,7 +140,7 @@ class Aggregator:
         host, port = split_host_port(settings.listen)
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         if settings.tls_cert:
-            credentials, self.tls = server_credentials(
+            credentials, self._tls = server_credentials(
                 settings.tls_cert, settings.tls_key, settings.tls_client_ca
             )
             self.port = server.add_secure_port(address, credentials)

@@ -291,7 +291,11 @@ def build_aggregator(
             guard=guard if flags.inspection_auth == "tokenreview" else None,
         ),
         metrics_server=(
-            MetricsServer(metrics.registry, metrics_settings) if metrics_settings else None
+            MetricsServer(
+                metrics.registry, metrics_settings, metrics.metrics_connections_refused.inc
+            )
+            if metrics_settings
+            else None
         ),
         guard=guard,
         election=election,

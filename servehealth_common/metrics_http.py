@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from http import HTTPStatus
 
@@ -61,15 +62,20 @@ class MetricsServerSettings:
 class MetricsServer:
     """Serves ``registry`` at ``/metrics``: ``await start()``, then ``await stop()``."""
 
-    def __init__(self, registry: CollectorRegistry, settings: MetricsServerSettings) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        settings: MetricsServerSettings,
+        on_refused: Callable[[], None] = lambda: None,
+    ) -> None:
         self._registry = registry
         self._settings = settings
+        #: Called for each connection closed at once (``max_connections`` open, or stopping).
+        self._on_refused = on_refused
         self._server: asyncio.Server | None = None
         self._address: tuple[str, int] | None = None
         self._connections: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
         self._stopping = False
-        #: Connections closed at once because ``max_connections`` were open (or on stopping).
-        self.rejected_connections = 0
 
     async def start(self) -> None:
         """Bind and listen; OSError if the address cannot be bound."""
@@ -110,7 +116,7 @@ class MetricsServer:
         task = asyncio.current_task()
         assert task is not None
         if self._stopping or len(self._connections) >= self._settings.max_connections:
-            self.rejected_connections += 1
+            self._on_refused()
             log.debug(
                 "metrics: %d connections open, closing one from %s", len(self._connections), peer
             )

@@ -56,7 +56,6 @@ class ReloadingServerCertificate:
         self._lock = threading.Lock()
         self._seen = _mtimes(self._paths)
         self.initial = self._load()
-        self.reloads = 0
 
     def _load(self) -> grpc.ServerCertificateConfiguration:
         return grpc.ssl_server_certificate_configuration(
@@ -75,7 +74,6 @@ class ReloadingServerCertificate:
                 log.warning("TLS files changed but cannot be read, keeping the old ones: %s", error)
                 return None
             self._seen = mtimes
-            self.reloads += 1
             log.info("TLS certificate files changed: reloaded %s", ", ".join(self._paths))
             return config
 

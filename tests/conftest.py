@@ -104,6 +104,12 @@ async def start_aggregator() -> AsyncIterator[StartAggregator]:
         await aggregator.stop()
 
 
+def metrics_port(aggregator: Aggregator) -> int:
+    """The port the aggregator's /metrics server is bound to."""
+    assert aggregator.metrics_server is not None
+    return aggregator.metrics_server.address[1]
+
+
 @pytest.fixture
 async def aggregator(start_aggregator: StartAggregator) -> Aggregator:
     return await start_aggregator()

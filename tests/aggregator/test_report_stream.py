@@ -18,7 +18,7 @@ from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
 from servehealth_common.pod_identity import PodKey
 from servehealth_common.probe import Prober, make_session
 from servehealth_common.states import ServeState
-from tests.conftest import StartAggregator, eventually
+from tests.conftest import StartAggregator, eventually, metrics_port
 from tests.fakes import DRAINING, FakeServeProxy
 from tests.messages import hello, open_stream, report
 
@@ -157,7 +157,7 @@ async def test_metrics_endpoint_counts_pods_and_reports(
     await call.read()
     async with (
         ClientSession(timeout=ClientTimeout(total=5)) as session,
-        session.get(f"http://127.0.0.1:{aggregator.metrics_port}/metrics") as response,
+        session.get(f"http://127.0.0.1:{metrics_port(aggregator)}/metrics") as response,
     ):
         text = await response.text()
     assert response.status == 200
