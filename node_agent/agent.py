@@ -1,10 +1,11 @@
 """The sidecar agent: one probe loop for the local proxy and one Report stream.
 
-The probe loop (:class:`~node_agent.probing.PodProbe`) keeps :attr:`Agent.latest` fresh and
-raises :attr:`Agent.changed` when the state differs from the last one; the stream
-(:class:`~node_agent.stream.ReportClient`) sends a report at once on a change, otherwise one
-heartbeat per interval the aggregator asked for, and reconnects forever. The DaemonSet agent
-(:mod:`node_agent.daemonset`) is built from the same two pieces.
+The probe loop (:class:`~node_agent.probing.PodProbe`, :attr:`Agent.probe`) keeps the proxy's
+latest result and puts every result in an :class:`~node_agent.stream.Outbox`, which raises
+its ``changed`` event when the state differs from the last one; the stream
+(:class:`~node_agent.stream.ReportClient`, :attr:`Agent.stream`) sends a report at once on a
+change, otherwise one heartbeat per interval the aggregator asked for, and reconnects forever.
+The DaemonSet agent (:mod:`node_agent.daemonset`) is built from the same two pieces.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from node_agent.identity import SidecarPod
 from node_agent.probing import PodProbe
 from node_agent.stream import Outbox, ReportClient
 from servehealth.v1 import servehealth_pb2 as pb
-from servehealth_common.probe import Prober, ProbeResult
+from servehealth_common.probe import Prober
 
 #: The sidecar's one pod in its outbox (its reports leave ``pod`` unset: the hello names it).
 OWN_POD = "own pod"
@@ -34,18 +35,15 @@ class Agent:
         *,
         rng: random.Random | None = None,
     ) -> None:
-        self.settings = settings
-        self.identity = identity
-        self.prober = prober
-        self.rng = rng or random.Random()
-        self.outbox = Outbox()
+        rng = rng or random.Random()
+        outbox = Outbox()
         self.probe = PodProbe(
             settings.proxy_url,
             prober,
             interval=settings.interval,
             confirm_delay=settings.confirm_delay,
-            on_result=functools.partial(self.outbox.put, OWN_POD, None),
-            rng=self.rng,
+            on_result=functools.partial(outbox.put, OWN_POD, None),
+            rng=rng,
             name=f"proxy {settings.proxy_url}",
         )
         hello = pb.Hello(
@@ -54,7 +52,7 @@ class Agent:
             node_name=identity.node_name,
             agent_version=__version__,
         )
-        self.stream = ReportClient(settings, hello, self.outbox, who=str(identity), rng=self.rng)
+        self.stream = ReportClient(settings, hello, outbox, who=str(identity), rng=rng)
 
     async def run(self) -> None:
         async with asyncio.TaskGroup() as group:
@@ -62,30 +60,6 @@ class Agent:
             group.create_task(self.stream_forever(), name="stream")
 
     # -- the parts ------------------------------------------------------------------------
-
-    @property
-    def latest(self) -> ProbeResult | None:
-        return self.probe.latest
-
-    @latest.setter
-    def latest(self, result: ProbeResult | None) -> None:
-        self.probe.latest = result
-
-    @property
-    def changed(self) -> asyncio.Event:
-        return self.outbox.changed
-
-    @property
-    def connected(self) -> asyncio.Event:
-        return self.stream.connected
-
-    @property
-    def heartbeat_interval(self) -> float:
-        return self.stream.heartbeat_interval
-
-    async def probe_once(self) -> ProbeResult:
-        """One probe; a failure that would change the state is confirmed by a second one."""
-        return await self.probe.probe_once()
 
     async def probe_forever(self) -> None:
         await self.probe.run()

@@ -16,7 +16,6 @@ import asyncio
 import functools
 import logging
 import random
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,12 +101,12 @@ class PodTarget:
 @dataclass(frozen=True, slots=True)
 class _Probing:
     target: PodTarget
-    probe: PodProbe
     task: asyncio.Task[None]
 
 
 class NodeAgent:
-    """``await run()`` until cancelled. :attr:`probes` shows which pods are probed now."""
+    """``await run()`` until cancelled. Each pod probed logs ``pod <ns>/<name>: probing <url>``
+    when its probe starts, and ``... no longer probed ...`` when it stops."""
 
     def __init__(
         self,
@@ -140,15 +139,6 @@ class NodeAgent:
         )
         self._probing: dict[PodKey, _Probing] = {}
         self._group: asyncio.TaskGroup | None = None
-
-    @property
-    def connected(self) -> asyncio.Event:
-        return self.stream.connected
-
-    @property
-    def probes(self) -> Mapping[PodKey, PodProbe]:
-        """The pods probed now, by (namespace, name)."""
-        return {key: probing.probe for key, probing in self._probing.items()}
 
     async def run(self) -> None:
         try:
@@ -195,7 +185,7 @@ class NodeAgent:
             name=f"pod {target} ({target.url})",
         )
         task = self._group.create_task(probe.run(), name=f"probe {target}")
-        self._probing[target.key] = _Probing(target, probe, task)
+        self._probing[target.key] = _Probing(target, task)
         log.info("pod %s: probing %s", target, target.url)
 
     def _stop(self, key: PodKey) -> None:

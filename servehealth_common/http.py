@@ -122,10 +122,6 @@ class HTTPClient:
     async def __aexit__(self, *_: object) -> None:
         await self.close()
 
-    @property
-    def idle_connections(self) -> int:
-        return len(self._lru)
-
     async def get(self, url: str) -> Response:
         target = parse_url(url)
         pooled = self._take(target[:3])

@@ -81,7 +81,7 @@ async def test_a_dead_address_and_a_standby_are_skipped_at_once(
     loop = asyncio.get_running_loop()
     started = loop.time()
     async with agent_for(fake_proxy, addresses) as agent:
-        await asyncio.wait_for(agent.connected.wait(), 10)
+        await asyncio.wait_for(agent.stream.connected.wait(), 10)
         took = loop.time() - started
         assert agent.stream.address == f"127.0.0.1:{leader.port}"
         assert servicer.streams == 1
@@ -97,7 +97,7 @@ async def test_the_agent_follows_the_leader_to_the_other_address(
     second: Aggregator = await start_aggregator()
     addresses = f"127.0.0.1:{first.port},127.0.0.1:{second.port}"
     async with agent_for(fake_proxy, addresses) as agent:
-        await asyncio.wait_for(agent.connected.wait(), 10)
+        await asyncio.wait_for(agent.stream.connected.wait(), 10)
         assert agent.stream.address == f"127.0.0.1:{first.port}"
         await eventually(lambda: first.core.agents_connected == 1)
         loop = asyncio.get_running_loop()
@@ -117,7 +117,7 @@ async def test_a_whole_round_of_refusals_backs_off_then_retries(
     addresses = f"127.0.0.1:{refused_port()},127.0.0.1:{port}"
     async with agent_for(fake_proxy, addresses) as agent:
         await asyncio.sleep(1.0)
-        assert not agent.connected.is_set()
+        assert not agent.stream.connected.is_set()
     # Rounds keep coming (backoffs of at most 0.2 s, then 0.4 s: three rounds in 0.6 s), but
     # not in a busy loop: each round waits for the growing backoff.
     assert 3 <= servicer.streams <= 20

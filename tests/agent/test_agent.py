@@ -1,7 +1,8 @@
 """The node agent (``node_agent``): failure confirmation, identity, CLI, and the stream.
 
-- ``Agent.probe_once`` with a real ``Prober`` against real HTTP servers: a first failure is
-  confirmed by a second probe ``confirm_delay`` later, unless it is already the reported state.
+- The agent's probe (``Agent.probe``, a ``PodProbe``: ``probe_once``) with a real ``Prober``
+  against real HTTP servers: a first failure is confirmed by a second probe ``confirm_delay``
+  later, unless it is already the reported state.
 - ``SidecarPod.from_environ``: the downward-API variables, and errors naming exactly what is
   missing.
 - ``python -m node_agent`` as a real subprocess: usage errors, and that it never exits while
@@ -129,7 +130,7 @@ def result(state: ServeState) -> ProbeResult:
     return ProbeResult(state, "earlier", 0, 0.0)
 
 
-# -- probe_once: confirmation of failures -------------------------------------------------
+# -- the agent's probe_once: confirmation of failures ---------------------------------------
 
 NOT_READY = ServeState.NOT_READY
 SERVING = ServeState.SERVING
@@ -184,9 +185,9 @@ async def test_probe_once_confirms_a_new_failure(
 ) -> None:
     proxy = await ScriptedProxy(*answers).start()
     try:
-        agent = make_agent(proxy.url)
-        agent.latest = None if latest is None else result(latest)
-        confirmed = await agent.probe_once()
+        probe = make_agent(proxy.url).probe
+        probe.latest = None if latest is None else result(latest)
+        confirmed = await probe.probe_once()
     finally:
         await proxy.stop()
     assert confirmed.state is expected
@@ -197,21 +198,21 @@ async def test_probe_once_confirms_a_new_failure(
         # first is still unanswered then): arrivals at the server are about that far apart.
         assert CONFIRM_DELAY / 2 <= second - first < CONFIRM_DELAY + 2.0
     # probe_once only probes; the probe loop is what updates ``latest``.
-    assert agent.latest == (None if latest is None else result(latest))
+    assert probe.latest == (None if latest is None else result(latest))
 
 
 async def test_probe_once_confirms_a_refused_connection(make_agent: MakeAgent) -> None:
-    agent = make_agent(f"http://127.0.0.1:{refused_port()}/-/healthz")
+    probe = make_agent(f"http://127.0.0.1:{refused_port()}/-/healthz").probe
     loop = asyncio.get_running_loop()
     started = loop.time()
-    confirmed = await agent.probe_once()
+    confirmed = await probe.probe_once()
     assert confirmed.state is ServeState.NO_PROXY
     # Two probes, confirm_delay apart (uvloop's clock has 1 ms steps: 0.2 may read 0.19999).
     assert loop.time() - started >= CONFIRM_DELAY - 0.001
 
-    agent.latest = confirmed
+    probe.latest = confirmed
     started = loop.time()
-    assert (await agent.probe_once()).state is ServeState.NO_PROXY
+    assert (await probe.probe_once()).state is ServeState.NO_PROXY
     assert loop.time() - started < CONFIRM_DELAY  # already reported: not confirmed again
 
 
@@ -219,21 +220,24 @@ async def test_probe_loop_sets_latest_and_signals_changes(
     make_agent: MakeAgent, fake_proxy: FakeServeProxy
 ) -> None:
     agent = make_agent(fake_proxy.url, interval=0.1, probe_timeout=0.09)
+    probe = agent.probe
+    # The outbox the probe puts its results in is the one the stream sends from.
+    changed = agent.stream.outbox.changed
     task = asyncio.create_task(agent.probe_forever())
     try:
-        await asyncio.wait_for(agent.changed.wait(), 5)
-        assert agent.latest is not None
-        assert agent.latest.state is ServeState.SERVING
-        agent.changed.clear()
+        await asyncio.wait_for(changed.wait(), 5)
+        assert probe.latest is not None
+        assert probe.latest.state is ServeState.SERVING
+        changed.clear()
         fake_proxy.set(fakes.DRAINING)
-        await asyncio.wait_for(agent.changed.wait(), 5)
-        assert agent.latest.state is ServeState.DRAINING
-        assert agent.latest.reason == "This node is being drained."
-        agent.changed.clear()
+        await asyncio.wait_for(changed.wait(), 5)
+        assert probe.latest.state is ServeState.DRAINING
+        assert probe.latest.reason == "This node is being drained."
+        changed.clear()
         requests = fake_proxy.requests
         # Unchanged results keep ``latest`` fresh without signalling a change.
         await eventually(lambda: fake_proxy.requests >= requests + 3)
-        assert not agent.changed.is_set()
+        assert not changed.is_set()
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -386,10 +390,11 @@ async def test_aggregator_settings_set_the_heartbeat_interval(
         kube_backend="memory", heartbeat_interval=0.3, heartbeat_ttl=3.0
     )
     agent = make_agent(fake_proxy.url, aggregator=f"127.0.0.1:{aggregator.port}")
-    assert agent.heartbeat_interval == 1.0  # the probe interval until the aggregator speaks
+    stream = agent.stream
+    assert stream.heartbeat_interval == 1.0  # the probe interval until the aggregator speaks
     async with running(agent):
-        await asyncio.wait_for(agent.connected.wait(), 10)
-        assert agent.heartbeat_interval == pytest.approx(0.3)
+        await asyncio.wait_for(stream.connected.wait(), 10)
+        assert stream.heartbeat_interval == pytest.approx(0.3)
         record = await eventually(tracked(aggregator))
         assert record.uid == "uid-1"
         assert record.node_name == "node-1"
@@ -469,7 +474,7 @@ async def test_agent_reconnects_and_resends_its_state(
     async with running(agent):
         await eventually(lambda: (r := first.core.pod(KEY)) and r.state is ServeState.SERVING)
         await first.stop()
-        await eventually(lambda: not agent.connected.is_set())
+        await eventually(lambda: not agent.stream.connected.is_set())
         # A new aggregator on the same address, with heartbeats far apart: the agent's first
         # report on the new stream must come at once, not with a heartbeat.
         second = await start_aggregator(
@@ -478,10 +483,10 @@ async def test_agent_reconnects_and_resends_its_state(
             heartbeat_interval=30.0,
             heartbeat_ttl=60.0,
         )
-        await asyncio.wait_for(agent.connected.wait(), 10)
+        await asyncio.wait_for(agent.stream.connected.wait(), 10)
         record = await eventually(lambda: second.core.pod(KEY), timeout=5)
         await eventually(lambda: record.state is ServeState.SERVING, timeout=5)
-        assert agent.heartbeat_interval == 30.0
+        assert agent.stream.heartbeat_interval == 30.0
 
 
 # -- against a misbehaving aggregator -------------------------------------------------------

@@ -5,7 +5,9 @@ Kubernetes API emulator (real HTTP, official client) and real loopback Serve pro
   ``FakeServeProxy`` on 127.0.0.1; only 127.x pod IPs are ever used, so nothing probes a
   non-loopback address); pods on other nodes, or in namespaces not asked for, never are.
 - Pods that appear are picked up; pods deleted, finished or without an IP are not probed (a
-  pod waits for its IP); a change of labels alone does not restart a pod's probe.
+  pod waits for its IP); a change of labels alone does not restart a pod's probe. Which pods
+  are probed is read from the agent's log (a line when a pod's probe starts, one when it stops)
+  and from the fake proxies' request counts.
 - Reports for every pod reach a real in-process aggregator (Kubernetes backend on the same
   emulator) on one stream: the pods turn SERVING and their label ``true``. Hundreds of pods go
   in batches small enough for the aggregator's message limit.
@@ -18,13 +20,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import pathlib
 import random
+import re
 import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -104,6 +109,63 @@ def make_node_agent(session: HTTPClient, kubeconfig_path: pathlib.Path) -> Itera
         client.close()
 
 
+#: The DaemonSet agent's log lines of a pod's probe starting (with its URL) and stopping.
+PROBE_STARTED = re.compile(r"pod (?P<namespace>[^/\s]+)/(?P<name>\S+): probing (?P<url>\S+)")
+PROBE_STOPPED = re.compile(
+    r"pod (?P<namespace>[^/\s]+)/(?P<name>\S+): "
+    r"(?:no longer probed \(.*\)|gone from node \S+, no longer probed)"
+)
+#: A probe loop's log line when its pod's state changed (its first result included).
+STATE_CHANGED = re.compile(
+    r"pod (?P<namespace>[^/\s]+)/(?P<name>\S+) \(\S+\): (?P<state>[A-Z_]+) \("
+)
+
+
+@dataclass(frozen=True)
+class ProbeLog:
+    """What the agent logs about its probes: which pods it probes now, at which URL, and the
+    state changes each probe saw (the log lines the operator reads, captured by ``caplog``)."""
+
+    caplog: pytest.LogCaptureFixture
+
+    def messages(self) -> list[str]:
+        return [record.getMessage() for record in self.caplog.records]
+
+    def probed(self) -> dict[PodKey, str]:
+        """The pods probed now (started and not stopped since), with the URL probed."""
+        now: dict[PodKey, str] = {}
+        for message in self.messages():
+            if started := PROBE_STARTED.fullmatch(message):
+                now[PodKey(started["namespace"], started["name"])] = started["url"]
+            elif stopped := PROBE_STOPPED.fullmatch(message):
+                now.pop(PodKey(stopped["namespace"], stopped["name"]), None)
+        return now
+
+    def starts(self, namespace: str, name: str) -> list[str]:
+        """The URL of every probe started for the pod, in order."""
+        return [
+            started["url"]
+            for message in self.messages()
+            if (started := PROBE_STARTED.fullmatch(message))
+            and (started["namespace"], started["name"]) == (namespace, name)
+        ]
+
+    def states(self, namespace: str, name: str) -> list[str]:
+        """The states the pod's probes logged on a change, in order."""
+        return [
+            changed["state"]
+            for message in self.messages()
+            if (changed := STATE_CHANGED.match(message))
+            and (changed["namespace"], changed["name"]) == (namespace, name)
+        ]
+
+
+@pytest.fixture
+def probe_log(caplog: pytest.LogCaptureFixture) -> ProbeLog:
+    caplog.set_level(logging.DEBUG, logger="node_agent")
+    return ProbeLog(caplog)
+
+
 def add_pod(
     kube: KubeEmulator,
     name: str,
@@ -169,6 +231,7 @@ async def test_pods_on_its_node_are_probed_and_reported_on_one_stream(
     start_aggregator: StartAggregator,
     make_node_agent: MakeNodeAgent,
     proxies: StartProxies,
+    probe_log: ProbeLog,
 ) -> None:
     proxy_a, proxy_b, proxy_x = await proxies(3)
     add_pod(kube_emulator, "pod-a", proxy_a)
@@ -186,7 +249,7 @@ async def test_pods_on_its_node_are_probed_and_reported_on_one_stream(
         assert len(streams) == 1
         assert None not in streams
         assert aggregator.core.agents_connected == 1
-        assert set(agent.probes) == {("default", "pod-a"), ("default", "pod-b")}
+        assert set(probe_log.probed()) == {("default", "pod-a"), ("default", "pod-b")}
         # Heartbeats keep both fresh; the pod on the other node is never probed by this agent.
         await more_probes(proxy_a, 5)
         await more_probes(proxy_b, 5)
@@ -214,6 +277,7 @@ async def test_pods_that_appear_and_vanish(
     start_aggregator: StartAggregator,
     make_node_agent: MakeNodeAgent,
     proxies: StartProxies,
+    probe_log: ProbeLog,
 ) -> None:
     proxy_a, proxy_b, proxy_c = await proxies(3)
     add_pod(kube_emulator, "pod-a", proxy_a)
@@ -231,7 +295,7 @@ async def test_pods_that_appear_and_vanish(
 
         # A deleted pod stops being probed and reported; the others go on.
         kube_emulator.delete_pod("default", "pod-a")
-        await eventually(lambda: ("default", "pod-a") not in agent.probes)
+        await eventually(lambda: ("default", "pod-a") not in probe_log.probed())
         assert ("default", "pod-a") not in agent.outbox
         await more_probes(proxy_b, 1)  # a probe in flight at the deletion has landed by now
         stopped_at = proxy_a.requests
@@ -240,10 +304,9 @@ async def test_pods_that_appear_and_vanish(
         assert record(aggregator, "pod-a") is None  # the aggregator forgot it too
         assert serving(aggregator, "pod-b")
         assert serving(aggregator, "pod-c")
-        assert set(agent.probes) == {("default", "pod-b"), ("default", "pod-c")}
-        # Still one stream for everything.
-        await eventually(lambda: agent.connected.is_set())
-        assert aggregator.core.agents_connected == 1
+        assert set(probe_log.probed()) == {("default", "pod-b"), ("default", "pod-c")}
+        # Still one stream for everything: the agent is (still, or again) the one connected.
+        await eventually(lambda: aggregator.core.agents_connected == 1)
         pod_b, pod_c = record(aggregator, "pod-b"), record(aggregator, "pod-c")
         assert pod_b is not None
         assert pod_c is not None
@@ -281,36 +344,46 @@ async def test_many_pods_go_in_batches_the_aggregator_accepts(
 
 
 async def test_a_pod_waits_for_its_ip_and_keeps_its_probe_through_label_changes(
-    kube_emulator: KubeEmulator, make_node_agent: MakeNodeAgent, proxies: StartProxies
+    kube_emulator: KubeEmulator,
+    make_node_agent: MakeNodeAgent,
+    proxies: StartProxies,
+    probe_log: ProbeLog,
 ) -> None:
     proxy_p, proxy_q = await proxies(2)
     add_pod(kube_emulator, "pod-p", proxy_p, pod_ip=None)  # scheduled, no IP yet
     agent = make_node_agent()  # no aggregator: probing does not depend on one
     async with running(agent):
+        # The list comes before the watch: pod-p was seen, and left alone.
         await kube_emulator.wait_for_watches(1)
-        assert agent.probes == {}
+        assert "pod default/pod-p: not probed yet (no pod IP yet)" in probe_log.messages()
+        assert probe_log.probed() == {}
         kube_emulator.modify_pod("default", "pod-p", pod_ip=LOOPBACK)
         await eventually(lambda: proxy_p.requests > 0)
-        probe = agent.probes[("default", "pod-p")]
-        assert probe.url == f"http://{LOOPBACK}:{proxy_p.port}/-/healthz"
-        await eventually(lambda: probe.latest is not None and probe.latest.serving)
+        url = f"http://{LOOPBACK}:{proxy_p.port}/-/healthz"
+        assert probe_log.starts("default", "pod-p") == [url]
+        await eventually(lambda: probe_log.states("default", "pod-p")[-1:] == ["SERVING"])
 
-        # The aggregator writes labels on these pods: that must not restart the probe. The
-        # watch delivers events in order, so once pod-q shows up, the label change was seen.
+        # The aggregator writes labels on these pods: that must not restart the probe (a new
+        # probe would log its start again). The watch delivers events in order, so once pod-q
+        # shows up, the label change was seen.
         kube_emulator.modify_pod("default", "pod-p", labels={"ray.io/serve": "true"})
         add_pod(kube_emulator, "pod-q", proxy_q)
-        await eventually(lambda: ("default", "pod-q") in agent.probes)
-        assert agent.probes[("default", "pod-p")] is probe
+        await eventually(lambda: ("default", "pod-q") in probe_log.probed())
+        assert probe_log.starts("default", "pod-p") == [url]
+        assert ("default", "pod-p") in probe_log.probed()
 
         # A pod that finished is not probed any more.
         kube_emulator.modify_pod("default", "pod-p", phase="Succeeded")
-        await eventually(lambda: ("default", "pod-p") not in agent.probes)
+        await eventually(lambda: ("default", "pod-p") not in probe_log.probed())
         assert ("default", "pod-p") not in agent.outbox
         await eventually(lambda: ("default", "pod-q") in agent.outbox)  # after its first probe
 
 
 async def test_namespaces_limit_what_is_listed_and_probed(
-    kube_emulator: KubeEmulator, make_node_agent: MakeNodeAgent, proxies: StartProxies
+    kube_emulator: KubeEmulator,
+    make_node_agent: MakeNodeAgent,
+    proxies: StartProxies,
+    probe_log: ProbeLog,
 ) -> None:
     in_ray, in_other, in_team = await proxies(3)
     add_pod(kube_emulator, "pod-r", in_ray, namespace="ray")
@@ -318,8 +391,8 @@ async def test_namespaces_limit_what_is_listed_and_probed(
     add_pod(kube_emulator, "pod-t", in_team, namespace="team")
     agent = make_node_agent(namespace=("ray", "team"))
     async with running(agent):
-        await eventually(lambda: len(agent.probes) == 2)
-        assert set(agent.probes) == {("ray", "pod-r"), ("team", "pod-t")}
+        await eventually(lambda: len(probe_log.probed()) == 2)
+        assert set(probe_log.probed()) == {("ray", "pod-r"), ("team", "pod-t")}
         await more_probes(in_ray, 3)
         await more_probes(in_team, 3)
         assert in_other.requests == 0

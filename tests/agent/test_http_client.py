@@ -4,6 +4,10 @@ An aiohttp server for well-formed HTTP (keep-alive, ``Connection: close``, chunk
 bodies), raw asyncio servers for what aiohttp would not do (close a kept-alive connection as a
 request arrives, answer half, answer HTTP/1.0, never answer). Checks what the server saw
 (connections, headers) and that the client pools, retries, cuts and closes as it should.
+
+The pool is observed from the servers' side only: a connection the client keeps idle is one
+the next request reuses (the same client address) and that stays open; one it does not keep
+is one it closes (the server reads the end of it) and that no request uses again.
 """
 
 from __future__ import annotations
@@ -33,10 +37,11 @@ OK = b"HTTP/1.1 200 OK\r\nContent-Length: 7\r\n\r\nsuccess"
 @dataclass
 class AiohttpServer:
     """Answers /ok, /close (then closes), /chunked and /big; records each request's client
-    address (one per connection) and headers."""
+    address (one per connection) and headers, and each connection's transport."""
 
     peers: list[tuple[str, int]] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
+    transports: dict[tuple[str, int], asyncio.BaseTransport] = field(default_factory=dict)
     port: int = 0
 
     def url(self, path: str) -> str:
@@ -46,9 +51,17 @@ class AiohttpServer:
     def connections(self) -> int:
         return len(set(self.peers))
 
+    @property
+    def open_connections(self) -> int:
+        """Connections that carried a request and are not closed yet: aiohttp closes its end
+        as soon as it reads the end of the client's (or when it answered ``/close``)."""
+        return sum(not transport.is_closing() for transport in self.transports.values())
+
     async def handle(self, request: web.Request) -> web.StreamResponse:
         assert request.transport is not None
-        self.peers.append(request.transport.get_extra_info("peername"))
+        peer = request.transport.get_extra_info("peername")
+        self.peers.append(peer)
+        self.transports[peer] = request.transport
         self.headers.append(dict(request.headers))
         if request.path == "/close":
             response = web.Response(text="success")
@@ -95,7 +108,9 @@ class RawServer:
 
     serve: Serve
     connections: int = 0
-    finished: int = 0  # connections whose serve() returned (the server side closed them)
+    #: connections whose serve() returned (the server side closed them); for a serve() that
+    #: reads until the end of the connection (``keep_alive``), those the client closed
+    finished: int = 0
     _server: asyncio.Server | None = None
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
@@ -149,9 +164,10 @@ async def keep_alive(reader: asyncio.StreamReader, writer: asyncio.StreamWriter)
 async def test_connection_is_kept_alive_and_reused(
     client: HTTPClient, server: AiohttpServer
 ) -> None:
-    for _ in range(5):
+    for i in range(5):
         assert await client.get(server.url("/-/healthz")) == (200, b"success")
-        assert client.idle_connections == 1
+        assert server.peers == [server.peers[0]] * (i + 1)  # all on the first connection
+        assert server.open_connections == 1  # kept open after each answer
     assert len(server.peers) == 5
     assert server.connections == 1
     headers = server.headers[0]
@@ -159,14 +175,17 @@ async def test_connection_is_kept_alive_and_reused(
     assert headers["Connection"] == "keep-alive"
 
 
-async def test_idle_connections_are_bounded_per_host(server: AiohttpServer) -> None:
+async def test_idle_pool_is_bounded_per_host(server: AiohttpServer) -> None:
     async with HTTPClient(max_idle_per_host=1) as client:
         await asyncio.gather(*(client.get(server.url("/")) for _ in range(3)))
         assert server.connections == 3
-        assert client.idle_connections == 1
+        await eventually(lambda: server.open_connections == 1)  # the client closed two
+        await client.get(server.url("/"))  # on the one it kept
+        assert server.connections == 3
+        assert server.open_connections == 1
 
 
-async def test_idle_connections_are_bounded_in_all(server: AiohttpServer) -> None:
+async def test_idle_pool_is_bounded_in_all(server: AiohttpServer) -> None:
     async with (
         HTTPClient(max_idle=2) as client,
         RawServer(lambda r, w, _: keep_alive(r, w)) as other_a,
@@ -174,38 +193,72 @@ async def test_idle_connections_are_bounded_in_all(server: AiohttpServer) -> Non
     ):
         for url in (server.url("/"), other_a.url, other_b.url):
             await client.get(url)
-        assert client.idle_connections == 2
+        await eventually(lambda: server.open_connections == 0)  # the oldest: closed, evicted
+        for other in (other_a, other_b):  # the two others were kept: reused
+            await client.get(other.url)
+            assert (other.connections, other.finished) == (1, 0)
         await client.get(server.url("/"))  # the oldest (this one) was evicted
         assert server.connections == 2
+        await eventually(lambda: other_a.finished == 1)  # now the oldest: evicted in its turn
+        assert other_b.finished == 0
 
 
-async def test_close_closes_idle_connections(server: AiohttpServer) -> None:
-    async with RawServer(lambda r, w, _: keep_alive(r, w)) as raw:
+async def test_close_closes_the_idle_pool() -> None:
+    async with (
+        RawServer(lambda r, w, _: keep_alive(r, w)) as raw_a,
+        RawServer(lambda r, w, _: keep_alive(r, w)) as raw_b,
+    ):
         client = HTTPClient()
-        await client.get(raw.url)
-        assert client.idle_connections == 1
+        for _ in range(2):  # two connections to a, one to b; the second round reuses them
+            await asyncio.gather(client.get(raw_a.url), client.get(raw_a.url))
+            await client.get(raw_b.url)
+        assert (raw_a.connections, raw_b.connections) == (2, 1)
+        assert raw_a.finished == raw_b.finished == 0
         await client.close()
-        assert client.idle_connections == 0
-        await eventually(lambda: raw.finished == 1)
+        await eventually(lambda: (raw_a.finished, raw_b.finished) == (2, 1))
 
 
 async def test_connection_close_answer_is_not_pooled(
     client: HTTPClient, server: AiohttpServer
 ) -> None:
     assert await client.get(server.url("/close")) == (200, b"success")
-    assert client.idle_connections == 0
     await client.get(server.url("/close"))
     assert server.connections == 2
 
+    async def close_in_words(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int):
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 7\r\n\r\nsuccess")
+        await keep_alive(reader, writer)  # leaves the closing to the client
 
-async def test_connection_closed_while_idle_leaves_the_pool(client: HTTPClient) -> None:
+    async with RawServer(close_in_words) as raw:
+        assert await client.get(raw.url) == (200, b"success")
+        await eventually(lambda: raw.finished == 1)  # the client closed it
+        assert await client.get(raw.url) == (200, b"success")
+        assert raw.connections == 2
+
+
+async def test_connection_closed_while_idle_leaves_the_pool() -> None:
+    """Left in the pool, the dead connection would count against ``max_idle``: once it is
+    gone from the pool, the pool still has room for two live ones."""
+
     async def answer_once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int):
         await read_request(reader)
         writer.write(OK)  # keep-alive as far as the headers go, then hang up
+        writer.write_eof()
+        await read_request(reader)  # returns b"" once the client has closed its end too
 
-    async with RawServer(answer_once) as raw:
+    async with (
+        HTTPClient(max_idle=2) as client,
+        RawServer(answer_once) as raw,
+        RawServer(lambda r, w, _: keep_alive(r, w)) as other_a,
+        RawServer(lambda r, w, _: keep_alive(r, w)) as other_b,
+    ):
+        await client.get(other_a.url)  # the oldest idle connection
         assert await client.get(raw.url) == (200, b"success")
-        await eventually(lambda: client.idle_connections == 0)
+        await eventually(lambda: raw.finished == 1)  # the client saw the hang-up
+        await client.get(other_b.url)  # the pool's second place: evicts nothing
+        await client.get(other_a.url)
+        assert (other_a.connections, other_a.finished) == (1, 0)
         assert await client.get(raw.url) == (200, b"success")
         assert raw.connections == 2
 
@@ -227,7 +280,8 @@ async def test_kept_alive_connection_closed_on_reuse_is_retried_once(client: HTT
         assert await client.get(raw.url) == (200, b"success")
         assert await client.get(raw.url) == (200, b"success")
         assert raw.connections == 2
-        assert client.idle_connections == 1
+        assert await client.get(raw.url) == (200, b"success")  # the new one was kept
+        assert raw.connections == 2
 
 
 async def test_no_retry_after_part_of_an_answer(client: HTTPClient) -> None:
@@ -236,14 +290,17 @@ async def test_no_retry_after_part_of_an_answer(client: HTTPClient) -> None:
         writer.write(OK)
         await read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 7\r\n\r\nsuc")
-        await writer.drain()
+        writer.write_eof()  # hang up, our end only
+        await read_request(reader)  # returns b"" once the client has closed its end too
 
     async with RawServer(half_on_second) as raw:
         await client.get(raw.url)
         with pytest.raises(HTTPClientError):
             await client.get(raw.url)
         assert raw.connections == 1
-        assert client.idle_connections == 0
+        await eventually(lambda: raw.finished == 1)  # the client closed it
+        assert await client.get(raw.url) == (200, b"success")  # on a new connection
+        assert raw.connections == 2
 
 
 async def test_fresh_connection_closed_without_answer_is_not_retried(client: HTTPClient) -> None:
@@ -270,7 +327,7 @@ async def test_long_body_is_cut_and_its_connection_closed(
 ) -> None:
     status, body = await client.get(server.url("/big"))
     assert (status, body) == (200, b"x" * MAX_BODY_BYTES)
-    assert client.idle_connections == 0
+    await eventually(lambda: server.open_connections == 0)  # the client closed it
     await client.get(server.url("/-/healthz"))
     assert server.connections == 2
 
@@ -279,10 +336,12 @@ async def test_http_1_0_answer_delimited_by_close(client: HTTPClient) -> None:
     async def http10(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int):
         await read_request(reader)
         writer.write(b"HTTP/1.0 503 Service Unavailable\r\n\r\nThis node is being drained.")
+        writer.write_eof()  # the end of the answer, and of our end of the connection
+        await read_request(reader)  # returns b"" once the client has closed its end too
 
     async with RawServer(http10) as raw:
         assert await client.get(raw.url) == (503, b"This node is being drained.")
-        assert client.idle_connections == 0
+        await eventually(lambda: raw.finished == 1)  # the client closed it
 
 
 async def test_redirect_is_a_status(client: HTTPClient) -> None:
@@ -326,8 +385,7 @@ async def test_timeout_closes_the_connection(client: HTTPClient) -> None:
         with pytest.raises(TimeoutError):
             async with asyncio.timeout(0.05):
                 await client.get(raw.url)
-        await asyncio.wait_for(eof.wait(), 5)
-        assert client.idle_connections == 0
+        await asyncio.wait_for(eof.wait(), 5)  # the client closed it
 
 
 async def test_cancellation_mid_answer_closes_the_connection(client: HTTPClient) -> None:
@@ -347,8 +405,7 @@ async def test_cancellation_mid_answer_closes_the_connection(client: HTTPClient)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        await eventually(lambda: raw.finished == 1)
-        assert client.idle_connections == 0
+        await eventually(lambda: raw.finished == 1)  # the client closed it
 
 
 # -- URLs ----------------------------------------------------------------------------------

@@ -347,12 +347,12 @@ async def test_the_agent_sends_its_rotated_token_on_the_next_stream(
     old = sidecar_token(kube, expires_in=2)
     token_file.write_text(old)
     async with running_agent(aggregator, kube, fake_proxy, token_file) as agent:
-        await asyncio.wait_for(agent.connected.wait(), 5)
+        await asyncio.wait_for(agent.stream.connected.wait(), 5)
         assert reviews(kube) == [old]
         new = sidecar_token(kube)
         token_file.write_text(new + "\n")  # as the kubelet does: a whole new file
         await kube.wait_until(lambda: reviews(kube) == [old, new], within=6)
-        await asyncio.wait_for(agent.connected.wait(), 5)
+        await asyncio.wait_for(agent.stream.connected.wait(), 5)
         await eventually(lambda: kube.pod_labels("ray", "p1").get("ray.io/serve") == "true")
     messages = [record.getMessage() for record in caplog.records]
     assert "the stream's token expired; reconnecting with the current one" in messages
@@ -376,9 +376,9 @@ async def test_a_refused_agent_says_so_once_and_keeps_trying(
         await eventually(
             lambda: metric(aggregator, "auth", result="permission_denied", service="report") >= 3
         )
-        assert not agent.connected.is_set()
+        assert not agent.stream.connected.is_set()
         token_file.write_text(sidecar_token(kube, "p1"))  # fixed: the next attempt gets in
-        await asyncio.wait_for(agent.connected.wait(), 5)
+        await asyncio.wait_for(agent.stream.connected.wait(), 5)
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1, errors
     assert "refused this agent: PERMISSION_DENIED" in errors[0]
