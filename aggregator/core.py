@@ -45,6 +45,9 @@ class CoreSettings:
     panic_settle: float = 0.0
     #: PANIC needs at least this many suspect pods.
     panic_min_pods: int = 3
+    #: With a backend that forgets departed pods (memory): how long a pod may stay SILENT
+    #: before it is forgotten (its agent's stream is open but says nothing); 0: never.
+    forget_silent_after: float = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,11 +137,17 @@ class Core:
 
     def goodbye(self, stream: int, keys: Iterable[PodKey]) -> None:
         """The stream ended (agent gone, network, shutdown); its pods keep their state, and
-        the puller (if it can reach them) asks their proxies at once."""
+        the puller (if it can reach them) asks their proxies at once. With a backend where
+        nothing else can check on a pod (memory), its pods are forgotten instead (an agent that
+        comes back registers its pod again)."""
         keys = list(keys)
         self._tracker.detach(keys, stream)
         self._agents.discard(stream)
         self._metrics.agents_connected.set(len(self._agents))
+        if self._registry.forgets_departed:
+            departed = [key for key in keys if (r := self._tracker.get(key)) and r.agent is None]
+            self._forget(departed, "its agent's stream ended")
+            return
         if not self._tracker.in_grace():
             self._pulls.pull_now(keys)  # is the proxy still there? ask it now
 
@@ -156,6 +165,18 @@ class Core:
         if key in self._tracker:
             log.info("pod %s deleted; forgetting it", key)
         self._tracker.forget(key)
+        self._held.discard(key)
+
+    def _forget(self, keys: list[PodKey], why: str) -> None:
+        """Forget pods the registry cannot check on (memory backend); PANIC is re-judged."""
+        if not keys:
+            return
+        for key in keys:
+            log.info("pod %s: %s; forgetting it (%s backend)", key, why, self._registry.name)
+            self._tracker.forget(key)
+            self._registry.forget(key)
+            self._held.discard(key)
+        self._update_panic()
 
     def desired_label(self, key: PodKey) -> str | None:
         record = self._tracker.get(key)
@@ -166,6 +187,15 @@ class Core:
     def expire(self) -> None:
         for transition in self._tracker.expire():
             self._apply(transition)
+        forget_after = self._settings.forget_silent_after
+        if self._registry.forgets_departed and forget_after > 0:
+            horizon = self._tracker.now() - forget_after
+            silent = [
+                record.key
+                for record in self._tracker.records()
+                if record.state is ServeState.SILENT and record.state_since <= horizon
+            ]
+            self._forget(silent, f"SILENT for {forget_after:g}s")
 
     def hold_expiry(self, seconds: float) -> None:
         """No pod goes SILENT, and no pod is pulled, for ``seconds`` (the startup grace)."""
@@ -319,10 +349,15 @@ class Core:
         return self._tracker.agent_speaks(record, now)
 
     def pods_in_pull_mode(self) -> int:
-        """Pods no agent speaks for: without one, or with a silent one."""
-        tracker = self._tracker
+        """Pods the aggregator probes itself because no agent speaks for them (none without
+        an address to probe, none in memory mode, none on a standby)."""
+        tracker, pulls = self._tracker, self._pulls
         now = tracker.now()
-        return sum(1 for record in tracker.records() if not tracker.agent_speaks(record, now))
+        return sum(
+            1
+            for record in tracker.records()
+            if not tracker.agent_speaks(record, now) and pulls.can_pull(record.key)
+        )
 
     def summary(self) -> FleetSummary:
         return FleetSummary(

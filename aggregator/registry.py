@@ -38,6 +38,9 @@ class PodRegistry(abc.ABC):
     name: str
     #: Whether start() registers pods the cluster already has (and seeds them from labels).
     seeds_from_cluster = False
+    #: Whether the core must forget a pod whose agent left: true where nothing else can tell
+    #: whether the pod still exists, or check on it (the memory backend: no watch, no pulls).
+    forgets_departed = False
 
     async def start(self, sink: PodSink) -> None:  # noqa: B027 - optional hook
         """Begin discovery and writing; discovered pods are reported to ``sink``."""
@@ -72,6 +75,7 @@ class MemoryRegistry(PodRegistry):
     """Every pod an agent names is admitted; labels are kept in this process."""
 
     name = "memory"
+    forgets_departed = True
 
     def __init__(self, label_key: str) -> None:
         self.label_key = label_key

@@ -67,7 +67,12 @@ def tracker_settings(flags: AggregatorFlags) -> TrackerSettings:
 
 
 def core_settings(flags: AggregatorFlags) -> CoreSettings:
-    return CoreSettings(panic_settle=flags.panic_settle, panic_min_pods=flags.panic_min_pods)
+    return CoreSettings(
+        panic_settle=flags.panic_settle,
+        panic_min_pods=flags.panic_min_pods,
+        # Memory backend only: a pod silent this long is forgotten (no watch, no pulls).
+        forget_silent_after=10 * flags.heartbeat_ttl,
+    )
 
 
 def pull_settings(flags: AggregatorFlags) -> PullSettings:
