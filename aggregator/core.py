@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
+from aggregator.held_writes import SUSPECT_BAD, HeldWrites
 from aggregator.metrics import Metrics
 from aggregator.panic import PanicDetector
 from aggregator.registry import PodRegistry
@@ -58,10 +59,7 @@ class FleetSummary:
     agents_connected: int
     panic: bool
     pods_in_pull_mode: int
-
-
-#: Failures a blind aggregator would also see; the only ones that count towards PANIC.
-SUSPECT_BAD = frozenset({ServeState.UNHEALTHY, ServeState.SILENT})
+    panic_held_writes: int
 
 
 class Core:
@@ -78,10 +76,10 @@ class Core:
         self._registry = registry
         self._metrics = metrics
         self._panic = panic_detector
+        self._held = HeldWrites(panic_detector, metrics, settings.panic_min_pods)
         self._pulls = pulls
         self._settings = settings
         self._feed = TransitionFeed(metrics.watchers.set)
-        self._held: set[PodKey] = set()
         self._stream_ids = itertools.count(1)
         self._agents: set[int] = set()
         self._reports = metrics.reports
@@ -165,7 +163,7 @@ class Core:
         if key in self._tracker:
             log.info("pod %s deleted; forgetting it", key)
         self._tracker.forget(key)
-        self._held.discard(key)
+        self._held.drop(key)
 
     def _forget(self, keys: list[PodKey], why: str) -> None:
         """Forget pods the registry cannot check on (memory backend); PANIC is re-judged."""
@@ -175,7 +173,7 @@ class Core:
             log.info("pod %s: %s; forgetting it (%s backend)", key, why, self._registry.name)
             self._tracker.forget(key)
             self._registry.forget(key)
-            self._held.discard(key)
+            self._held.drop(key)
         self._update_panic()
 
     def desired_label(self, key: PodKey) -> str | None:
@@ -262,10 +260,10 @@ class Core:
     def _desire(self, key: PodKey, label: str, transition: StateChange | None = None) -> None:
         """Ask the registry for ``label`` on ``key`` unless PANIC holds a removal (the
         registry writes only what :func:`aggregator.write_rule.write_needed` calls for)."""
-        if label == "false" and self._panic.panic:
-            self._held.add(key)
+        if self._held.holds(label):
+            self._held.hold(key)
             return
-        self._held.discard(key)
+        self._held.drop(key)
         self._registry.desire(key, label, transition)
 
     def _panic_possible(self) -> bool:
@@ -279,34 +277,7 @@ class Core:
             self._desire(key, record.desired_label, transition)
 
     def _update_panic(self) -> None:
-        counts = self._tracker.counts()
-        bad = sum(counts[state] for state in SUSPECT_BAD)
-        tracked = len(self._tracker) - counts[ServeState.UNKNOWN]
-        detector = self._panic
-        if bad < self._settings.panic_min_pods and not detector.panic:
-            return
-        if not detector.update(bad, tracked):
-            return
-        self._metrics.panic.set(int(detector.panic))
-        if detector.panic:
-            log.warning(
-                "PANIC: %d of %d pods turned UNHEALTHY or SILENT within %gs; suspecting the "
-                "aggregator itself (partition, API or DNS trouble): holding every write that "
-                "would take a pod out of service until the share falls to %.0f%% or below",
-                bad,
-                tracked,
-                detector.window,
-                detector.threshold * 100,
-            )
-            return
-        held, self._held = self._held, set()
-        log.warning(
-            "panic over: %d of %d pods UNHEALTHY or SILENT; applying %d held writes",
-            bad,
-            tracked,
-            len(held),
-        )
-        for key in held:
+        for key in self._held.judge(self._tracker.counts(), len(self._tracker)):
             record = self._tracker.get(key)
             if record is not None:
                 self._desire(key, record.desired_label)
@@ -315,7 +286,8 @@ class Core:
 
     @property
     def panic(self) -> bool:
-        return self._panic.panic
+        """PANIC: writes that would take pods out of service are being held."""
+        return len(self._held) > 0
 
     def now(self) -> float:
         """The tracker's clock (monotonic): the time base of every record."""
@@ -361,7 +333,11 @@ class Core:
 
     def summary(self) -> FleetSummary:
         return FleetSummary(
-            self.counts(), self.agents_connected, self.panic, self.pods_in_pull_mode()
+            self.counts(),
+            self.agents_connected,
+            self.panic,
+            self.pods_in_pull_mode(),
+            len(self._held),
         )
 
     def watch(self, namespace: str = "") -> AsyncIterator[StateChange]:

@@ -82,6 +82,7 @@ class InspectionService(pb_grpc.InspectionServiceServicer):
             label_key=self._label_key,
             panic=summary.panic,
             pods_in_pull_mode=summary.pods_in_pull_mode,
+            panic_held_writes=summary.panic_held_writes,
         )
 
     async def WatchTransitions(

@@ -137,6 +137,11 @@ class Metrics:
             "1 while the aggregator suspects itself and holds writes that remove pods.",
             registry=r,
         )
+        self.panic_held_writes = Gauge(
+            f"{PREFIX}_panic_held_writes",
+            "Writes that would take a pod out of service, held by PANIC now.",
+            registry=r,
+        )
         self.leader = Gauge(
             f"{PREFIX}_leader",
             "1 while this replica leads (accepts reports, writes to the API), 0 as a standby; "

@@ -199,6 +199,10 @@ class Tracker:
         self, queue: OrderedDict[PodKey, None], now: float, ttl: float, what: str
     ) -> list[StateChange]:
         deadline = now - ttl
+        if self._hold_until > deadline:
+            # The end of the startup grace counts as the last time every pod was heard from:
+            # each gets one TTL after it (pods no agent speaks for get their first pull).
+            return []
         transitions: list[StateChange] = []
         records = self._records
         while queue:

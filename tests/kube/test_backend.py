@@ -202,9 +202,14 @@ async def test_restart_with_1000_labelled_pods_writes_nothing(
         await eventually(lambda: aggregator.registry.writer.pending == 0, timeout=10)
         assert kube_emulator.requests("PATCH") == []
         assert state(aggregator, never_back[0]) is ServeState.SERVING  # still in grace
-        # After the grace period, pods whose agent never came back go SILENT and lose the label.
+        # The end of the grace counts as the last word of every pod: one TTL more ...
         clock.advance(2.0)
         await send(call, batch([("default", n, SERVING) for n in reconnecting], 99))
+        aggregator.core.expire()
+        assert state(aggregator, never_back[0]) is ServeState.SERVING
+        # ... then pods whose agent never came back go SILENT and lose the label.
+        clock.advance(3.0)
+        await send(call, batch([("default", n, SERVING) for n in reconnecting], 100))
         aggregator.core.expire()
         await kube_emulator.wait_until(
             lambda: all(label(kube_emulator, n) == "false" for n in never_back)

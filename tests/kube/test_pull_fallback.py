@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import pathlib
 import signal
@@ -23,7 +24,7 @@ from servehealth_common.states import ServeState, Source
 from tests import grpcurl
 from tests.conftest import StartAggregator, eventually
 from tests.fakes import DRAINING, NOT_POPULATED, FakeServeProxy
-from tests.kube.emulator import KubeEmulator
+from tests.kube.emulator import DEFAULT_POD_LABELS, KubeEmulator
 from tests.messages import open_stream, report
 
 TTL, PULL_TIMEOUT = 3.0, 0.5
@@ -188,9 +189,12 @@ async def test_most_proxies_hanging_is_panic_and_removes_no_label(
     )
     for proxy in proxies[:8]:  # 80 % of the proxies hang at once
         proxy.hang = True
-    await eventually(lambda: aggregator.core.panic, timeout=10)
+    await eventually(lambda: aggregator.core.summary().panic_held_writes == 8, timeout=10)
     summary = await grpcurl_summary(aggregator)
     assert summary["panic"] is True
+    held = summary.get("panicHeldWrites", summary.get("panic_held_writes"))
+    assert held == 8, summary  # PANIC says how many writes it really holds
+    assert aggregator.metrics.panic_held_writes._value.get() == 8
     # Probing goes on; the held removals never reach the API.
     unhealthy = aggregator.metrics.pull_probes.labels("UNHEALTHY")
     seen = unhealthy._value.get()
@@ -225,3 +229,34 @@ async def grpcurl_summary(aggregator: Aggregator) -> dict[str, Any]:
     )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
+
+
+@pytest.mark.parametrize("labelled", [True, False], ids=["labelled-true", "unlabelled"])
+async def test_a_healthy_fleet_without_agents_starts_without_panic(
+    kube_emulator: KubeEmulator,
+    start_kube: StartAggregator,
+    proxies: list[FakeServeProxy],
+    caplog: pytest.LogCaptureFixture,
+    labelled: bool,
+) -> None:
+    """PANIC means writes are held: a healthy fleet whose pods have no agents used to go SILENT
+    all at once when the startup grace ended (before their first pull), logging PANIC and
+    leaving it a few milliseconds later. The grace's end now counts as every pod's last word."""
+    for i, proxy in enumerate(proxies):
+        labels = {**DEFAULT_POD_LABELS, "ray.io/serve": "true"} if labelled else None
+        kube_emulator.add_pod(
+            "default", f"pod-{i}", pod_ip="127.0.0.1", serve_port=proxy.port, labels=labels
+        )
+    caplog.set_level(logging.INFO, logger="aggregator")
+    aggregator = await start_kube(
+        heartbeat_ttl=0.5, heartbeat_interval=0.2, startup_grace=1.0, pull_interval=1.0
+    )
+    pulled = aggregator.metrics.pull_probes.labels("SERVING")
+    # Every pod pulled SERVING twice: past the grace, its extra TTL and a full pull interval.
+    await eventually(lambda: pulled._value.get() >= 2 * len(proxies), timeout=15)
+    assert all(record(aggregator, f"pod-{i}").state is ServeState.SERVING for i in range(10))
+    assert aggregator.core.counts()[ServeState.SILENT] == 0
+    assert "PANIC" not in caplog.text
+    assert not aggregator.core.panic
+    assert aggregator.metrics.panic._value.get() == 0
+    assert removals(kube_emulator) == []

@@ -185,7 +185,7 @@ class Pod(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., name: _Optional[str] = ..., uid: _Optional[str] = ..., node_name: _Optional[str] = ..., state: _Optional[_Union[ServeState, str]] = ..., reason: _Optional[str] = ..., http_status: _Optional[int] = ..., source: _Optional[_Union[Source, str]] = ..., last_report_age: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., desired_label: _Optional[str] = ..., agent_connected: _Optional[bool] = ..., probe_latency: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., state_since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class Summary(_message.Message):
-    __slots__ = ("pods", "pods_by_state", "agents_connected", "label_key", "panic", "pods_in_pull_mode")
+    __slots__ = ("pods", "pods_by_state", "agents_connected", "label_key", "panic", "pods_in_pull_mode", "panic_held_writes")
     class PodsByStateEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -199,13 +199,15 @@ class Summary(_message.Message):
     LABEL_KEY_FIELD_NUMBER: _ClassVar[int]
     PANIC_FIELD_NUMBER: _ClassVar[int]
     PODS_IN_PULL_MODE_FIELD_NUMBER: _ClassVar[int]
+    PANIC_HELD_WRITES_FIELD_NUMBER: _ClassVar[int]
     pods: int
     pods_by_state: _containers.ScalarMap[str, int]
     agents_connected: int
     label_key: str
     panic: bool
     pods_in_pull_mode: int
-    def __init__(self, pods: _Optional[int] = ..., pods_by_state: _Optional[_Mapping[str, int]] = ..., agents_connected: _Optional[int] = ..., label_key: _Optional[str] = ..., panic: _Optional[bool] = ..., pods_in_pull_mode: _Optional[int] = ...) -> None: ...
+    panic_held_writes: int
+    def __init__(self, pods: _Optional[int] = ..., pods_by_state: _Optional[_Mapping[str, int]] = ..., agents_connected: _Optional[int] = ..., label_key: _Optional[str] = ..., panic: _Optional[bool] = ..., pods_in_pull_mode: _Optional[int] = ..., panic_held_writes: _Optional[int] = ...) -> None: ...
 
 class Transition(_message.Message):
     __slots__ = ("namespace", "name", "from_state", "to_state", "source", "reason", "desired_label", "time")
