@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import yaml
 from kubernetes import client, config
 from kubernetes.watch.watch import iter_resp_lines
 
@@ -66,13 +67,16 @@ def load_configuration(kubeconfig: str, *, search: bool = True) -> client.Config
             f"no Kubernetes configuration: {hint} run in a pod with a ServiceAccount"
         )
     configuration = client.Configuration()
+    if where != IN_CLUSTER and not Path(where).expanduser().is_file():
+        raise NoKubeConfig(f"the kubeconfig file {where} does not exist (or is not a file)")
     try:
         if where == IN_CLUSTER:
             config.load_incluster_config(client_configuration=configuration)
         else:
             config.load_kube_config(config_file=where, client_configuration=configuration)
-    except (config.ConfigException, OSError, ValueError) as error:
-        raise NoKubeConfig(f"cannot load the Kubernetes configuration {where}: {error}") from None
+    except (config.ConfigException, OSError, ValueError, yaml.YAMLError) as error:
+        why = " ".join(str(error).split())[:300] or repr(error)  # one line, whatever it was
+        raise NoKubeConfig(f"cannot load the Kubernetes configuration {where}: {why}") from None
     return configuration
 
 
