@@ -405,3 +405,30 @@ async def test_drain_waits_for_writes_already_sent_and_starts_no_other(
             await queued
     finally:
         api.close()
+
+
+async def test_a_daemonset_report_for_an_untracked_pod_is_counted_and_nothing_else(
+    kube_emulator: KubeEmulator, start_kube: StartAggregator
+) -> None:
+    """Issue 12, point 5: a DaemonSet agent may see a pod the aggregator does not track (not
+    listed yet, or outside its selector): that report is skipped and counted in
+    ``serve_health_reports_ignored_total{reason="unknown_pod"}``; the stream, the other pods
+    and the API see nothing else."""
+    kube_emulator.add_pod("default", "tracked")
+    aggregator = await start_kube()
+    ignored = aggregator.metrics.reports_ignored.labels("unknown_pod")
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{aggregator.port}") as channel:
+        call = await open_node_stream(channel)
+        mark = kube_emulator.checkpoint()
+        reports = [("default", "stranger", SERVING), ("default", "tracked", SERVING)]
+        await send(call, batch(reports, 1))
+        assert ignored._value.get() == 1
+        assert state(aggregator, "stranger") is None  # not tracked, not created
+        assert state(aggregator, "tracked") is ServeState.SERVING  # the stream goes on
+        await send(call, batch([("default", "stranger", SERVING)], 2))
+        assert ignored._value.get() == 2
+        assert aggregator.core.tracked() == 1
+        await kube_emulator.wait_until(lambda: label(kube_emulator, "tracked") == "true")
+        patched = {request.name for request in kube_emulator.requests("PATCH", since=mark)}
+        assert patched == {"tracked"}  # nothing was written for the stranger
+        call.cancel()
