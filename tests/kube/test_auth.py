@@ -460,3 +460,25 @@ def test_tokenreview_without_a_kubernetes_configuration_does_not_start(
     assert "--auth tokenreview" in result.stderr
     assert "no Kubernetes configuration" in result.stderr
     assert "pass --auth none" in result.stderr
+
+
+async def test_a_hanging_token_review_is_bounded_and_unavailable(
+    start_auth: StartAggregator, kube: KubeEmulator
+) -> None:
+    """Issue 12, point 5: a TokenReview that never answers costs a stream one
+    ``--kube-timeout`` (not the client library's retries of it), then UNAVAILABLE (the agent
+    retries), and the review was asked once."""
+    aggregator = await start_auth(kube_timeout=1.0)
+    kube.slow(30.0, where=kube.select(resource=TOKENREVIEWS))
+    token = sidecar_token(kube)
+    loop = asyncio.get_running_loop()
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{aggregator.port}") as channel:
+        started = loop.time()
+        error = await refusal(channel, sidecar_hello(kube), token)
+        took = loop.time() - started
+    assert error.code() is grpc.StatusCode.UNAVAILABLE
+    assert token not in (error.details() or "")
+    assert took < 5.0, f"a hung review held the stream {took:.1f}s (--kube-timeout 1s)"
+    assert metric(aggregator, "auth", service="report", result="unavailable") == 1
+    assert len(reviews(kube)) == 1
+    kube.clear_faults()
