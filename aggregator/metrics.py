@@ -107,6 +107,13 @@ class Metrics:
             ["status"],
             registry=r,
         )
+        self.api_denied = Counter(
+            f"{PREFIX}_api_denied",
+            "Kubernetes API calls refused with 401 or 403 (RBAC, or a token not accepted), by "
+            "verb and resource.",
+            ["verb", "resource"],
+            registry=r,
+        )
         self.watch_restarts = Counter(
             f"{PREFIX}_watch_restarts",
             "Pod watch restarts, by reason (ended, gone = 410 and re-list, error).",

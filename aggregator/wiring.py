@@ -170,6 +170,7 @@ def make_registry(flags: AggregatorFlags, metrics: Metrics) -> PodRegistry:
         load_configuration(flags.kubeconfig),
         timeout=flags.kube_timeout,
         concurrency=flags.kube_concurrency,
+        on_denied=lambda verb, resource: metrics.api_denied.labels(verb, resource).inc(),
     )
     return KubeRegistry(api, kube_settings(flags), metrics)
 
@@ -197,7 +198,12 @@ def make_guard(flags: AggregatorFlags, metrics: Metrics, *, knows_nodes: bool) -
             f"the Kubernetes TokenReview API, and {error}; for local use without Kubernetes, "
             f"pass {' '.join(f'{flag} none' for flag in checked)}"
         ) from None
-    api = KubeApi(configuration, timeout=flags.kube_timeout, concurrency=REVIEW_THREADS)
+    api = KubeApi(
+        configuration,
+        timeout=flags.kube_timeout,
+        concurrency=REVIEW_THREADS,
+        on_denied=lambda verb, resource: metrics.api_denied.labels(verb, resource).inc(),
+    )
 
     async def review(token: str, audience: str) -> dict[str, Any]:
         try:
@@ -244,6 +250,7 @@ def make_election(
         identity=candidate_identity(flags.leader_elect_identity, environ),
         timings=timings,
         on_renew_failure=metrics.lease_renew_failures.inc,
+        on_denied=lambda verb, resource: metrics.api_denied.labels(verb, resource).inc(),
     )
     return Election(
         elector,

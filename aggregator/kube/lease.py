@@ -139,7 +139,11 @@ class KubeLeaseStore:
         self.api.close()
 
 
-def lease_api(configuration: client.Configuration, timings: ElectionSettings) -> KubeApi:
+def lease_api(
+    configuration: client.Configuration,
+    timings: ElectionSettings,
+    on_denied: Callable[[str, str], None] | None = None,
+) -> KubeApi:
     """A Kubernetes client for the Lease alone: two threads (renewals never queue behind label
     writes), each request bounded by the election's call timeout, and no urllib3 retries (a
     read timeout would otherwise be retried three times; the elector retries itself)."""
@@ -149,6 +153,7 @@ def lease_api(configuration: client.Configuration, timings: ElectionSettings) ->
         timeout=timings.call_timeout,
         concurrency=2,
         user_agent="ray-serve-health/leader-election",
+        on_denied=on_denied,
     )
 
 
@@ -160,7 +165,9 @@ def make_elector(
     identity: str,
     timings: ElectionSettings,
     on_renew_failure: Callable[[], None],
+    on_denied: Callable[[str, str], None] | None = None,
 ) -> tuple[LeaderElector, KubeLeaseStore]:
     """The elector of Lease ``namespace/lease_name``, with a Kubernetes client of its own."""
-    store = KubeLeaseStore(lease_api(configuration, timings), namespace, lease_name)
+    api = lease_api(configuration, timings, on_denied)
+    store = KubeLeaseStore(api, namespace, lease_name)
     return LeaderElector(store, identity, timings, on_renew_failure=on_renew_failure), store

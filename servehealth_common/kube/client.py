@@ -22,7 +22,7 @@ import yaml
 from kubernetes import client, config
 from kubernetes.watch.watch import iter_resp_lines
 
-from servehealth_common.kube.errors import APIError, APIRetryableError, wrap
+from servehealth_common.kube.errors import APIError, APIForbiddenError, APIRetryableError, wrap
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +80,23 @@ def load_configuration(kubeconfig: str, *, search: bool = True) -> client.Config
     return configuration
 
 
+#: The plural resource of each noun our calls' descriptions use ("patch pod ns/name status").
+_RESOURCES = {"pod": "pods", "pods": "pods", "event": "events", "lease": "leases"}
+
+
+def verb_and_resource(what: str) -> tuple[str, str]:
+    """``"patch pod ns/a status"`` -> ``("patch", "pods/status")``; ``"create a token review"``
+    -> ``("create", "tokenreviews")``: the RBAC terms of a call's description."""
+    words = what.split()
+    verb = {"replace": "update"}.get(words[0], words[0]) if words else "?"
+    if "token review" in what:
+        return verb, "tokenreviews"
+    resource = next((_RESOURCES[word] for word in words[1:3] if word in _RESOURCES), "?")
+    if resource == "pods" and words[-1] == "status":
+        resource = "pods/status"
+    return verb, resource
+
+
 class KubeClient:
     """Async reads of pods; ``concurrency`` threads at most, each call ``timeout``.
 
@@ -94,6 +111,7 @@ class KubeClient:
         timeout: float,
         concurrency: int,
         user_agent: str = "ray-serve-health",
+        on_denied: Callable[[str, str], None] | None = None,
     ) -> None:
         # One connection per request thread, plus the long-lived watches.
         configuration.connection_pool_maxsize = concurrency + 8
@@ -102,6 +120,9 @@ class KubeClient:
         self.core = client.CoreV1Api(self._client)
         self.timeout = timeout
         self._executor = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="kube-api")
+        #: Told (verb, resource) of every call the API refused with 401/403 (a metric).
+        self._on_denied = on_denied
+        self._denied_logged: set[tuple[str, str]] = set()
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
@@ -137,7 +158,31 @@ class KubeClient:
     async def _call(self, what: str, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         loop = asyncio.get_running_loop()
         call = functools.partial(self._raw, what, method, *args, **kwargs)
-        return await loop.run_in_executor(self._executor, call)
+        try:
+            return await loop.run_in_executor(self._executor, call)
+        except APIForbiddenError as error:
+            self._denied(what, error)
+            raise
+
+    def _denied(self, what: str, error: APIForbiddenError) -> None:
+        """401/403: say which verb on which resource, once per pair (later ones at debug
+        level: the caller retries or logs its own consequence), and count every one."""
+        verb, resource = verb_and_resource(what)
+        if self._on_denied is not None:
+            self._on_denied(verb, resource)
+        if (verb, resource) in self._denied_logged:
+            log.debug("the Kubernetes API refused again to %s %s: %s", verb, resource, error)
+            return
+        self._denied_logged.add((verb, resource))
+        log.error(
+            "the Kubernetes API refused to %s %s (HTTP %d): this ServiceAccount lacks the "
+            "RBAC permission, or its token is not accepted (%s); logged once per verb and "
+            "resource",
+            verb,
+            resource,
+            error.status,
+            error,
+        )
 
     # -- pods ---------------------------------------------------------------------------
 

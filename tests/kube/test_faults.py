@@ -306,3 +306,24 @@ async def test_slow_api_loses_no_transition(
     }
     assert writes(aggregator, "success") == 8
     assert writes(aggregator, "error") == 0
+
+
+async def test_403_names_the_verb_and_resource_counts_it_and_the_write_still_lands(
+    kube_emulator: KubeEmulator, start: StartAggregator, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 12, point 5: 401/403 (RBAC) give one log line naming the verb and the resource,
+    ``serve_health_api_denied_total{verb,resource}``, and the write is retried, not dropped."""
+    pod = kube_emulator.add_pod(NS, "pod-a")
+    aggregator = await start()
+    denied = kube_emulator.fail_next(3, status=403, method="PATCH", message="RBAC: no patch")
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{aggregator.port}") as channel:
+        call = await open_stream(channel, "pod-a", NS, uid=pod["metadata"]["uid"])
+        await call.write(report(SERVING, 1, "success"))
+        await call.read()
+        await kube_emulator.wait_until(lambda: label(kube_emulator, "pod-a") == "true", within=15)
+        call.cancel()
+    assert len(denied) == 3
+    assert _sample(aggregator, "serve_health_api_denied_total", verb="patch", resource="pods") == 3
+    lines = [r.getMessage() for r in caplog.records if "refused to patch pods" in r.getMessage()]
+    assert len(lines) == 1, lines  # once per verb and resource
+    assert "HTTP 403" in lines[0]
