@@ -15,6 +15,7 @@ import contextlib
 import os
 import signal
 import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
@@ -125,7 +126,14 @@ async def test_sigkill_of_the_leader_fails_over_within_five_seconds_and_writes_n
 
         await until(lambda: all_connected_to(leader), 20, "agents connect to the leader", replicas)
         await until(first_pod_labelled, 20, "the leader labels the unlabelled pod", replicas)
-        await asyncio.sleep(1.0)  # let any write in flight land before the mark
+
+        async def its_event_recorded() -> bool:  # the last request that label change makes
+            return any(
+                (call.body or {}).get("involvedObject", {}).get("name") == "ray-worker-0"
+                for call in kube_emulator.requests("POST", resource=EVENTS)
+            )
+
+        await until(its_event_recorded, 20, "the label change's Event", replicas)
         mark = kube_emulator.checkpoint()
 
         loop = asyncio.get_running_loop()
@@ -137,6 +145,7 @@ async def test_sigkill_of_the_leader_fails_over_within_five_seconds_and_writes_n
             return await health(standby) == SERVING
 
         took = await until(standby_serves, FAILOVER_LIMIT + 5, "the standby takes over", [standby])
+        took_over = time.time()
         assert took <= FAILOVER_LIMIT, f"failover took {took:.2f}s"
         reconnected = await until(
             lambda: all_connected_to(standby), 10, "agents reconnect to the new leader", [standby]
@@ -150,7 +159,11 @@ async def test_sigkill_of_the_leader_fails_over_within_five_seconds_and_writes_n
             )
 
         await until(all_pushed_serving, 10, "every pod pushed SERVING to the new leader", [standby])
-        await asyncio.sleep(1.0)  # a spurious write would come now at the latest
+        # No write can be on its way: the new leader writes only for a state change (or a
+        # label someone else changed, and nobody did), and no pod changed state since it took
+        # over: each is still in the SERVING it was seeded with from its label.
+        for pod in await list_pods(standby):
+            assert pod.state_since.ToNanoseconds() / 1e9 <= took_over, pod
 
     assert kube_emulator.requests("PATCH", resource=PODS, since=mark) == []
     assert kube_emulator.requests("POST", resource=EVENTS, since=mark) == []

@@ -27,7 +27,7 @@ from aggregator.server import LIVENESS, Aggregator
 from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
 from servehealth_common.kube.errors import APIConflictError
 from tests.conftest import StartAggregator, eventually
-from tests.kube.emulator import LEASES, PODS, KubeEmulator
+from tests.kube.emulator import LEASES, PODS, ApiCall, KubeEmulator
 from tests.messages import hello
 
 NS = "ray-serve-health"
@@ -72,6 +72,11 @@ async def background(*coroutines: Any) -> AsyncIterator[list[asyncio.Task[Any]]]
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+def span(calls: list[ApiCall]) -> float:
+    """Seconds from the first to the last of ``calls`` (their arrival at the emulator)."""
+    return calls[-1].at - calls[0].at if len(calls) > 1 else 0.0
+
+
 def holder(emulator: KubeEmulator) -> str | None:
     lease = emulator.lease(NS, NAME)
     return None if lease is None else lease["spec"].get("holderIdentity")
@@ -93,7 +98,16 @@ async def test_two_candidates_one_leader_and_a_takeover_after_a_crash(
         waiting = acquiring_b if leader is a else acquiring_a
         assert holder(kube_emulator) == leader.identity
         async with background(leader.hold()) as (holding,):
-            await asyncio.sleep(TIMINGS.lease_duration * 1.5)  # renewals keep it the leader's
+            # Renewals keep it the leader's: wait (an event, not a sleep) until they have gone
+            # on for longer than a lease duration.
+            started = kube_emulator.checkpoint()
+            await kube_emulator.wait_until(
+                lambda: (
+                    span(kube_emulator.requests("PUT", resource=LEASES, since=started))
+                    > TIMINGS.lease_duration * 1.2
+                ),
+                within=10,
+            )
             assert not waiting.done()
             assert not holding.done()
             assert standby.leader == leader.identity
@@ -165,8 +179,16 @@ async def test_one_failed_renewal_is_survived(
     await asyncio.wait_for(a.acquire(), 10)
     kube_emulator.fail_next(1, status=500, resource=LEASES, method="PUT")
     kube_emulator.fail_next(1, status=500, resource=LEASES, method="GET")
+    mark = kube_emulator.checkpoint()
     async with background(a.hold()) as (holding,):
-        await asyncio.sleep(TIMINGS.renew_deadline * 2)
+        # Renewals succeed again after the failed one, for longer than the renew deadline.
+        await kube_emulator.wait_until(
+            lambda: (
+                span(kube_emulator.requests("PUT", resource=LEASES, since=mark))
+                > TIMINGS.renew_deadline * 1.5
+            ),
+            within=10,
+        )
         assert not holding.done()
     assert failures == [None]
     assert holder(kube_emulator) == "a"
@@ -249,7 +271,14 @@ async def test_a_standby_refuses_reports_and_makes_no_pod_request(
     assert leader.core.tracked() == 3  # seeded from the pods' labels
     mark = kube_emulator.checkpoint()
     standby = await start_kube(**ELECTION)
-    await asyncio.sleep(TIMINGS.lease_duration + TIMINGS.retry_period)  # past a lease duration
+    # The standby has looked at the Lease for longer than a lease duration (its reads: GET).
+    await kube_emulator.wait_until(
+        lambda: (
+            span(kube_emulator.requests("GET", resource=LEASES, since=mark))
+            > TIMINGS.lease_duration + TIMINGS.retry_period
+        ),
+        within=10,
+    )
     assert await health(standby.port) == NOT_SERVING
     assert await health(standby.port, LIVENESS) == SERVING
     assert standby.election is not None
@@ -282,8 +311,13 @@ async def test_a_graceful_stop_hands_over_at_once(
     serve_pods(kube_emulator)
     first = await start_kube(**ELECTION)
     await eventually(is_serving(first), timeout=10)
+    before_second = kube_emulator.checkpoint()
     second = await start_kube(**ELECTION)
-    await asyncio.sleep(TIMINGS.retry_period * 2)
+    # The second replica has read the Lease (held by the first) twice: it is a standby.
+    await kube_emulator.wait_until(
+        lambda: len(kube_emulator.requests("GET", resource=LEASES, since=before_second)) >= 2,
+        within=10,
+    )
     assert await health(second.port) == NOT_SERVING
     mark = kube_emulator.checkpoint()
     loop = asyncio.get_running_loop()
