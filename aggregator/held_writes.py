@@ -15,7 +15,7 @@ from aggregator.panic import PanicDetector
 from servehealth_common.pod_identity import PodKey
 from servehealth_common.states import ServeState
 
-log = logging.getLogger("aggregator.core")
+log = logging.getLogger(__name__)
 
 #: Failures a blind aggregator would also see; the only ones that count towards PANIC.
 SUSPECT_BAD = frozenset({ServeState.UNHEALTHY, ServeState.SILENT})
