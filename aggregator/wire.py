@@ -78,7 +78,9 @@ def observation_from_report(
     latency = report.probe_latency
     return key, Observation(
         state,
-        report.reason if len(report.reason) <= 256 else truncate_reason(report.reason),
+        # Cut here, before the core stores or logs it: 256 bytes of UTF-8, as the agent cuts
+        # its own (a raw client's reason of 256 characters may be 1 KiB).
+        truncate_reason(report.reason),
         report.http_status,
         latency.seconds + latency.nanos / 1e9,
         Source.PUSH,

@@ -2,22 +2,40 @@
 
 Pure functions, no I/O. The facts (Ray Serve 2.60, ``ray/serve/_private/proxy.py``):
 
-==============================================  ==================  ==========
-answer to ``GET /-/healthz``                     ``/-/routes``       state
-==============================================  ==================  ==========
-200 ``success``                                  non-empty JSON      SERVING
-200 ``success``                                  ``{}``              NOT_READY
-503 ``This node is being drained.``              any                 DRAINING
-503 ``Route table is not populated yet.``        any                 NOT_READY
-503 ``No replicas are available yet.``           any                 NOT_READY
-any other 503                                    any                 NOT_READY
-any other status or body                         any                 UNHEALTHY
-connection refused                               -                   NO_PROXY
-timeout, reset, other transport error            -                   UNHEALTHY
-==============================================  ==================  ==========
+================================================  ==================  ==========
+answer to ``GET /-/healthz``                       ``/-/routes``       state
+================================================  ==================  ==========
+200 ``success``                                    non-empty JSON      SERVING
+200 ``success``                                    ``{}``              NOT_READY
+200 ``success``                                    not JSON            UNHEALTHY
+503, first line ``This node is being drained.``    -                   DRAINING
+503 ``Route table is not populated yet.``          -                   NOT_READY
+503 ``No replicas are available yet.``             -                   NOT_READY
+503 with any other body, or none                   -                   NOT_READY
+any other status, or 200 with any other body       -                   UNHEALTHY
+connection refused                                 -                   NO_PROXY
+timeout, reset, other transport error              -                   UNHEALTHY
+================================================  ==================  ==========
+
+``/-/routes`` is asked only after ``success``; if it answers anything but 200, that answer is
+classified by the same rows (a drained proxy's 503 is DRAINING there too).
 
 The proxy keeps answering ``success`` after the last application is deleted (its route table
 stays "populated", only empty), which is why a healthy answer is confirmed with ``/-/routes``.
+
+Bodies are compared without surrounding whitespace. A 503 is classified by the first line of
+its body: Ray's answer is that one line, and whatever something in front of the proxy (or a
+hostile one) puts after it cannot hide a drain (issue 13). Every 503 takes the pod out of
+service either way; the line only tells DRAINING from NOT_READY. A 200 must be exactly
+``success``: the side that puts a pod in service accepts nothing but Ray's own answer.
+
+An unknown 503 (none of Ray's bodies) is NOT_READY, not UNHEALTHY: something at the proxy's
+address answered, for the proxy, that it cannot serve. That is a pod answering for itself, which
+a blind aggregator would not see fleet-wide, so it does not count toward PANIC (only UNHEALTHY
+and SILENT do); the README's state table says why, next to the same rows.
+
+The reason is the whole body, stripped and cut to REASON_MAX_BYTES; it may hold line breaks
+and other control characters, which the log formatters escape (``servehealth_common.logs``).
 """
 
 from __future__ import annotations
@@ -53,7 +71,8 @@ def classify_healthz(status: int, body: str) -> Verdict:
     if status == 200 and text == HEALTHY_BODY:
         return Verdict(ServeState.SERVING, HEALTHY_BODY)
     if status == 503:
-        state = ServeState.DRAINING if text == DRAINING_BODY else ServeState.NOT_READY
+        first_line = text.partition("\n")[0].strip()
+        state = ServeState.DRAINING if first_line == DRAINING_BODY else ServeState.NOT_READY
         return Verdict(state, truncate_reason(text) or "HTTP 503")
     return Verdict(ServeState.UNHEALTHY, truncate_reason(f"HTTP {status}: {text}"))
 

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from aggregator.server import Aggregator
 from servehealth.v1 import servehealth_pb2 as pb
+from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
 from tests.conftest import StartAggregator
 from tests.messages import batch, hello, node_hello, open_stream, pod_report, report
 
@@ -205,6 +206,35 @@ async def test_huge_strings(channel: grpc.aio.Channel, good: Good, text: str, wh
     else:  # accepted, and the stream ends when the agent half-closes
         assert outcome.code is grpc.StatusCode.OK, outcome
     assert len(outcome.details) < 1_000  # an error never echoes the whole string back
+    await good.check()
+
+
+@pytest.mark.parametrize(
+    ("reason", "stored"),
+    [
+        pytest.param("z" * 60_000, "z" * 253 + "...", id="60KB-ascii"),
+        # Few characters, many bytes: the cap is 256 bytes of UTF-8, not 256 characters.
+        pytest.param("🙂" * 256, "🙂" * 63 + "...", id="256-chars-1024-bytes"),
+        pytest.param("é" * 129, "é" * 126 + "...", id="129-chars-258-bytes"),
+        pytest.param("a" * 256, "a" * 256, id="exactly-256-bytes"),
+    ],
+)
+async def test_a_long_reason_is_stored_cut(
+    aggregator: Aggregator, channel: grpc.aio.Channel, good: Good, reason: str, stored: str
+) -> None:
+    """A raw client's reason is cut to 256 bytes (as the agent cuts its own) before the core
+    stores or logs it (issue 13)."""
+    call = await open_stream(channel, name="long-reason")
+    try:
+        await call.write(report(SERVING, 1, reason=reason))
+        assert (await call.read()).ack.sequence == 1
+        pod = await pb_grpc.InspectionServiceStub(channel).GetPod(
+            pb.GetPodRequest(namespace="default", name="long-reason"), timeout=5
+        )
+    finally:
+        call.cancel()
+    assert pod.reason == stored
+    assert len(pod.reason.encode()) <= 256
     await good.check()
 
 

@@ -5,6 +5,9 @@ per line for log pipelines.
 - ``python -m aggregator --log-format json`` as a real process: every stderr line is JSON, and
   a transition driven over gRPC is one line carrying pod, old, new, source, reason and label as
   fields of their own. The same process in text format keeps its one human line.
+- Hostile reasons (issue 13): a raw client's reason with a line break, a CR and an escape
+  sequence is one escaped line in the text log, never a record of its own; a 60 KB reason is
+  logged cut to 256 bytes.
 """
 
 from __future__ import annotations
@@ -212,3 +215,49 @@ async def test_text_logs_keep_one_line_per_transition(run_aggregator: Callable[.
     )
     rest = await process.stop()
     assert process.process.returncode == 0, rest
+
+
+FORGED_TAIL = "\n2026-12-01 10:00:00,000 INFO aggregator.core: FORGED LINE \x1b[31m\rX"
+#: How the text format begins every record.
+RECORD_START = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [A-Z]+ ")
+
+
+async def test_a_hostile_reason_cannot_forge_a_text_line(
+    run_aggregator: Callable[..., Any],
+) -> None:
+    """A raw Report stream (no agent in between: nothing cut or cleaned on the way) sends
+    reasons an agent never would; the transition lines carry them escaped and cut."""
+    process, port = await run_aggregator()  # --log-format text
+    reasons = {
+        pb.SERVE_STATE_SERVING: "success" + FORGED_TAIL,
+        pb.SERVE_STATE_UNHEALTHY: "z" * 60_000,  # fits the 64 KiB message limit
+        pb.SERVE_STATE_NOT_READY: "🙂" * 256,  # 256 characters, 1,024 bytes
+    }
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        call = await open_stream(channel, "pod-a")
+        for sequence, (state, reason) in enumerate(reasons.items(), start=1):
+            await call.write(report(state, sequence, reason))
+            assert (await asyncio.wait_for(call.read(), 10)).ack.sequence == sequence
+        call.cancel()
+    last = await process.line_where(lambda line: "-> NOT_READY" in line and line)
+    rest = await process.stop()
+    assert process.process.returncode == 0, rest
+    output = "".join(process.lines) + rest
+    assert "\x1b" not in output
+    assert "\r" not in output
+    lines = output.split("\n")
+    assert lines.pop() == ""
+    for line in lines:  # every line is a record of its own: no forged one, no continuation
+        assert RECORD_START.match(line), line
+    forged = [line for line in lines if "FORGED LINE" in line]
+    assert len(forged) == 1
+    assert forged[0].endswith(
+        "INFO aggregator.core: pod default/pod-a: UNKNOWN -> SERVING (source push, label true): "
+        "success\\n2026-12-01 10:00:00,000 INFO aggregator.core: FORGED LINE \\x1b[31m\\rX"
+    )
+    (huge,) = [line for line in lines if "-> UNHEALTHY" in line]
+    logged = huge.split("(source push, label false): ", 1)[1]
+    assert logged == "z" * 253 + "..."
+    logged = last.rstrip("\n").split("(source push, label false): ", 1)[1]
+    assert len(logged.encode()) <= 256
+    assert logged == "🙂" * 63 + "..."

@@ -1,10 +1,13 @@
 """The classification table of ``servehealth_common.classify``: what each proxy answer means.
 
 Pure functions, no I/O: every row of the table in the module docstring, plus the reason
-truncation rules (at most 256 bytes of UTF-8, never a split character).
+truncation rules (at most 256 bytes of UTF-8, never a split character). The README's state
+table says what the code does: each of its rows about an HTTP answer, with answers it covers.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
@@ -22,6 +25,7 @@ DRAINING = "This node is being drained."
 NOT_POPULATED = "Route table is not populated yet."
 NO_REPLICAS = "No replicas are available yet."
 EMPTY_ROUTES = "No applications are deployed (empty route table)."
+FORGED = "\n2026-12-01 10:00:00,000 INFO node_agent: FORGED LINE \x1b[31m"
 
 
 @pytest.mark.parametrize(
@@ -38,11 +42,46 @@ EMPTY_ROUTES = "No applications are deployed (empty route table)."
         pytest.param(
             503, DRAINING + "\n", Verdict(ServeState.DRAINING, DRAINING), id="503-draining-newline"
         ),
+        # The first line of a 503's body decides (issue 13): what follows it cannot hide a
+        # drain. The reason is still the whole body (cut), for the operator to read.
+        pytest.param(
+            503, DRAINING + FORGED, Verdict(ServeState.DRAINING, DRAINING + FORGED), id="503-forged"
+        ),
+        pytest.param(
+            503,
+            f"{DRAINING}\r\nVia: gateway\r\n",
+            Verdict(ServeState.DRAINING, f"{DRAINING}\r\nVia: gateway"),
+            id="503-draining-crlf-more-lines",
+        ),
+        pytest.param(
+            503,
+            f"  {DRAINING}  \n\n",
+            Verdict(ServeState.DRAINING, DRAINING),
+            id="503-draining-padded",
+        ),
+        pytest.param(
+            503,
+            f"{NOT_POPULATED}\n{DRAINING}",
+            Verdict(ServeState.NOT_READY, f"{NOT_POPULATED}\n{DRAINING}"),
+            id="503-drained-on-second-line",
+        ),
+        pytest.param(
+            503,
+            f"{DRAINING} Soon.",
+            Verdict(ServeState.NOT_READY, f"{DRAINING} Soon."),
+            id="503-draining-with-more-on-its-line",
+        ),
         pytest.param(
             503, NOT_POPULATED, Verdict(ServeState.NOT_READY, NOT_POPULATED), id="503-not-populated"
         ),
         pytest.param(
             503, NO_REPLICAS, Verdict(ServeState.NOT_READY, NO_REPLICAS), id="503-no-replicas"
+        ),
+        pytest.param(
+            503,
+            "<html><body>upstream connect error</body></html>",
+            Verdict(ServeState.NOT_READY, "<html><body>upstream connect error</body></html>"),
+            id="503-unknown-body",
         ),
         pytest.param(
             503,
@@ -56,6 +95,13 @@ EMPTY_ROUTES = "No applications are deployed (empty route table)."
             200, "Success", Verdict(ServeState.UNHEALTHY, "HTTP 200: Success"), id="200-wrong-case"
         ),
         pytest.param(200, "ok", Verdict(ServeState.UNHEALTHY, "HTTP 200: ok"), id="200-other"),
+        # A healthy verdict needs Ray's exact answer: more lines after it are not "success".
+        pytest.param(
+            200,
+            "success\nmore",
+            Verdict(ServeState.UNHEALTHY, "HTTP 200: success\nmore"),
+            id="200-success-then-more-lines",
+        ),
         pytest.param(200, "", Verdict(ServeState.UNHEALTHY, "HTTP 200:"), id="200-empty"),
         pytest.param(
             500, "boom", Verdict(ServeState.UNHEALTHY, "HTTP 500: boom"), id="500-internal-error"
@@ -102,6 +148,9 @@ def test_classify_healthz(status: int, body: str, expected: Verdict) -> None:
             200, "", Verdict(ServeState.UNHEALTHY, "/-/routes is not JSON:"), id="200-empty-body"
         ),
         pytest.param(503, DRAINING, Verdict(ServeState.DRAINING, DRAINING), id="503-draining"),
+        pytest.param(
+            503, DRAINING + FORGED, Verdict(ServeState.DRAINING, DRAINING + FORGED), id="503-forged"
+        ),
         pytest.param(
             503, NOT_POPULATED, Verdict(ServeState.NOT_READY, NOT_POPULATED), id="503-not-populated"
         ),
@@ -190,3 +239,40 @@ def test_truncate_reason_never_splits_a_character(char: str, length: int) -> Non
         # As much as fits: adding the next character would pass the limit.
         next_char = text[len(kept)]
         assert len((kept + next_char).encode()) + 3 > REASON_MAX_BYTES
+
+
+README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("row", "answers"),
+    [
+        pytest.param(
+            "| 503 whose body's first line is `This node is being drained.` | `DRAINING` |",
+            [(503, DRAINING), (503, DRAINING + FORGED), (503, f"{DRAINING}\r\nmore")],
+            id="draining",
+        ),
+        pytest.param(
+            f"| 503 `{NOT_POPULATED}` / `{NO_REPLICAS}` | `NOT_READY` |",
+            [(503, NOT_POPULATED), (503, NO_REPLICAS)],
+            id="not-ready",
+        ),
+        pytest.param(
+            "| 503 with any other body, or none | `NOT_READY` |",
+            [(503, "Service Unavailable"), (503, "<html>upstream error</html>"), (503, "")],
+            id="other-503",
+        ),
+        pytest.param(
+            "| any other status, or 200 with any body but `success` | `UNHEALTHY` |",
+            [(500, "success"), (502, DRAINING), (504, ""), (404, ""), (301, ""), (200, "ok")],
+            id="other-status",
+        ),
+    ],
+)
+def test_the_readme_state_table_says_what_classify_does(
+    row: str, answers: list[tuple[int, str]]
+) -> None:
+    assert row in README
+    state = row.rsplit("`", 2)[-2]
+    for status, body in answers:
+        assert classify_healthz(status, body).state.name == state, (status, body)
