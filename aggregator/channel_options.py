@@ -1,5 +1,6 @@
-"""The gRPC core options of the aggregator's server: message limits, pings, and the deadlines
-that end connections which stopped making progress (docs/benchmarks.md, "Connection flood")."""
+"""The gRPC core options of the aggregator's server: a port of its own, message limits, pings,
+and the deadlines that end connections which stopped making progress (docs/benchmarks.md,
+"Connection flood")."""
 
 from __future__ import annotations
 
@@ -29,6 +30,10 @@ def server_options(settings: GrpcServerSettings) -> list[tuple[str, int]]:
     """Channel arguments for ``grpc.aio.server(options=...)``; names from grpc's
     ``include/grpc/impl/channel_arg_names.h``."""
     options = [
+        # gRPC sets SO_REUSEPORT by default: a second aggregator started on the same port
+        # would bind it as well and take a share of the connections, with no error. Off, the
+        # second one fails to start ("address already in use").
+        ("grpc.so_reuseport", 0),
         ("grpc.max_receive_message_length", settings.max_message_bytes),
         ("grpc.max_send_message_length", MAX_SEND_MESSAGE_BYTES),
         # Agents ping every 10 s to notice a dead aggregator; allow it. (Server side, this

@@ -6,11 +6,55 @@ its own small settings object from the wiring.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 
 from servehealth_common import flags as shared
-from servehealth_common.config import setting, split_host_port
-from servehealth_common.tls import check_pair, check_readable
+from servehealth_common.config import check_listen_address, setting
+from servehealth_common.tls import (
+    check_pair,
+    check_pem_certificates,
+    check_pem_key,
+    check_readable,
+)
+
+#: Fields checked by :meth:`AggregatorFlags._check_numbers`, by the bound they must meet.
+_POSITIVE = (
+    "heartbeat_interval",
+    "heartbeat_ttl",
+    "expiry_interval",
+    "kube_qps",
+    "pull_interval",
+    "pull_timeout",
+)
+_AT_LEAST_1MS = (
+    "hello_timeout",
+    "handshake_timeout",
+    "keepalive_time",
+    "keepalive_timeout",
+    "max_connection_idle",
+)
+_AT_LEAST_ONE = (
+    "failure_threshold",
+    "success_threshold",
+    "ack_every",
+    "max_streams_per_peer",
+    "max_pods_per_stream",
+    "max_reports_per_second",
+    "kube_burst",
+    "kube_concurrency",
+    "pull_concurrency",
+    "panic_min_pods",
+)
+#: max_connections 0: no limit; startup_grace 0: twice the TTL; panic_settle 0: no wait.
+_NOT_NEGATIVE = ("max_connections", "startup_grace", "shutdown_grace", "panic_settle")
+
+
+def _shown(value: float, *, duration: bool) -> str:
+    """A value as the user wrote it: ``0s``, ``500ms``, ``-1s``; ``100`` for a count."""
+    if not duration:
+        return str(value) if isinstance(value, int) else f"{value:g}"
+    return f"{value * 1000:g}ms" if 0 < abs(value) < 1 else f"{value:g}s"
 
 
 @dataclass(frozen=True)
@@ -258,11 +302,10 @@ class AggregatorFlags:
     log_format: str = shared.log_format_flag()
 
     def __post_init__(self) -> None:
-        split_host_port(self.listen)
-        check_pair(self.tls_cert, self.tls_key, "--tls-cert", "--tls-key")
-        if self.tls_client_ca and not self.tls_cert:
-            raise ValueError("--tls-client-ca needs --tls-cert and --tls-key")
-        check_readable(self.tls_client_ca, "--tls-client-ca")
+        check_listen_address(self.listen, "--listen")
+        if self.metrics_listen:
+            check_listen_address(self.metrics_listen, "--metrics-listen")
+        self._check_tls()
         if not self.auth_audience:
             raise ValueError("--auth-audience must not be empty")
         for account in self.auth_node_agent_service_account:
@@ -271,59 +314,44 @@ class AggregatorFlags:
                 raise ValueError(
                     f"--auth-node-agent-service-account {account!r} is not NAMESPACE/NAME"
                 )
-        if self.metrics_listen:
-            split_host_port(self.metrics_listen)
-        if self.heartbeat_interval <= 0 or self.heartbeat_ttl <= 0:
-            raise ValueError("--heartbeat-interval and --heartbeat-ttl must be positive")
+        self._check_numbers()
         if self.heartbeat_ttl <= self.heartbeat_interval:
             raise ValueError(
                 f"--heartbeat-ttl ({self.heartbeat_ttl:g}s) must be longer than "
                 f"--heartbeat-interval ({self.heartbeat_interval:g}s), or every pod goes SILENT"
             )
-        if self.failure_threshold < 1 or self.success_threshold < 1:
-            raise ValueError("--failure-threshold and --success-threshold must be at least 1")
-        if self.ack_every < 1:
-            raise ValueError("--ack-every must be at least 1")
-        if self.max_message_bytes < 1024:
-            raise ValueError("--max-message-bytes must be at least 1024")
-        limits = (self.max_streams_per_peer, self.max_pods_per_stream, self.max_reports_per_second)
-        if min(limits) < 1:
-            raise ValueError(
-                "--max-streams-per-peer, --max-pods-per-stream and --max-reports-per-second "
-                "must be at least 1"
-            )
-        connection_deadlines = (
-            self.hello_timeout,
-            self.handshake_timeout,
-            self.keepalive_time,
-            self.keepalive_timeout,
-            self.max_connection_idle,
-        )
-        if min(connection_deadlines) < 0.001:
-            raise ValueError(
-                "--handshake-timeout, --keepalive-time, --keepalive-timeout and "
-                "--max-connection-idle must be at least 1ms"
-            )
-        if self.max_connections < 0:
-            raise ValueError("--max-connections must not be negative (0: no limit)")
-        if self.expiry_interval <= 0:
-            raise ValueError("--expiry-interval must be positive")
-        if self.kube_qps <= 0 or self.kube_burst < 1:
-            raise ValueError("--kube-qps must be positive and --kube-burst at least 1")
-        if self.kube_concurrency < 1:
-            raise ValueError("--kube-concurrency must be at least 1")
         shared.check_shared(kube_timeout=self.kube_timeout, proxy_port=self.proxy_port)
-        if self.pull_interval <= 0 or self.pull_timeout <= 0 or self.pull_concurrency < 1:
-            raise ValueError(
-                "--pull-interval and --pull-timeout must be positive, --pull-concurrency >= 1"
-            )
         if not 0 < self.panic_threshold <= 1:
-            raise ValueError("--panic-threshold must be in (0, 1]; 1 disables PANIC")
-        if self.panic_settle < 0 or self.panic_min_pods < 1:
-            raise ValueError("--panic-settle must not be negative, --panic-min-pods >= 1")
-        if self.startup_grace < 0:
-            raise ValueError("--startup-grace must not be negative")
+            raise ValueError(
+                f"--panic-threshold must be in (0, 1] (got {self.panic_threshold:g}); "
+                "1 disables PANIC"
+            )
         self._check_leader_election()
+
+    def _check_tls(self) -> None:
+        check_pair(self.tls_cert, self.tls_key, "--tls-cert", "--tls-key")
+        check_pem_certificates(self.tls_cert, "--tls-cert")
+        check_pem_key(self.tls_cert, self.tls_key, "--tls-cert", "--tls-key")
+        if self.tls_client_ca and not self.tls_cert:
+            raise ValueError("--tls-client-ca needs --tls-cert and --tls-key")
+        check_readable(self.tls_client_ca, "--tls-client-ca")
+        check_pem_certificates(self.tls_client_ca, "--tls-client-ca")
+
+    def _check_numbers(self) -> None:
+        """Each number against its bound; the error names that one flag and its value."""
+        self._require(_POSITIVE, "must be positive", lambda value: value > 0)
+        self._require(_AT_LEAST_1MS, "must be at least 1ms", lambda value: value >= 0.001)
+        self._require(_AT_LEAST_ONE, "must be at least 1", lambda value: value >= 1)
+        self._require(_NOT_NEGATIVE, "must not be negative", lambda value: value >= 0)
+        self._require(("max_message_bytes",), "must be at least 1024", lambda v: v >= 1024)
+
+    def _require(self, names: tuple[str, ...], rule: str, holds: Callable[[float], bool]) -> None:
+        durations = {field.name for field in fields(self) if field.metadata.get("duration")}
+        for name in names:
+            value = getattr(self, name)
+            if not holds(value):
+                shown = _shown(value, duration=name in durations)
+                raise ValueError(f"--{name.replace('_', '-')} {rule} (got {shown})")
 
     def _check_leader_election(self) -> None:
         duration = self.leader_elect_lease_duration

@@ -1,4 +1,8 @@
-"""The read-only InspectionService: the core's query methods, as ``servehealth.v1`` messages."""
+"""The read-only InspectionService: the core's query methods, as ``servehealth.v1`` messages.
+
+A drain waits for its calls in flight (:meth:`InspectionService.idle`, at most
+``--shutdown-grace``); WatchTransitions ends with UNAVAILABLE when the aggregator stops.
+"""
 
 from __future__ import annotations
 
@@ -10,11 +14,19 @@ import grpc
 from aggregator import wire
 from aggregator.core import Core
 from aggregator.guard import Guard
+from aggregator.report_service import SHUTDOWN_MESSAGE, CallsInFlight
 from aggregator.transition_feed import WatcherTooSlow
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
 from servehealth_common.pod_identity import PodKey
 from servehealth_common.states import ServeState
+
+#: The state numbers a pod can be in (ListPodsRequest.states).
+POD_STATES = frozenset(int(state) for state in ServeState)
+
+
+def _state_name(number: int) -> str:
+    return pb.ServeState.Name(number) if number in pb.ServeState.values() else str(number)
 
 
 class InspectionService(pb_grpc.InspectionServiceServicer):
@@ -31,8 +43,15 @@ class InspectionService(pb_grpc.InspectionServiceServicer):
         self._wall_clock = wall_clock
         #: --inspection-auth tokenreview: each call must carry a genuine token (None: open).
         self._guard = guard
+        self._calls = CallsInFlight()
 
-    async def _authenticate(self, context: grpc.aio.ServicerContext) -> None:
+    async def idle(self) -> None:
+        """Until no inspection call is in flight (a drain waits for them)."""
+        await self._calls.idle()
+
+    async def _begin(self, context: grpc.aio.ServicerContext) -> None:
+        """Every call starts here: counted while in flight, then its token checked."""
+        self._calls.started(context)
         if self._guard is not None:
             await self._guard.admit_call(context, "inspection")
 
@@ -42,8 +61,14 @@ class InspectionService(pb_grpc.InspectionServiceServicer):
     async def ListPods(
         self, request: pb.ListPodsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListPodsResponse:
-        await self._authenticate(context)
+        await self._begin(context)
         states = set(request.states)
+        if unknown := sorted(states - POD_STATES):
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"states: {_state_name(unknown[0])} is not a pod state (one of "
+                f"{', '.join(_state_name(state) for state in sorted(POD_STATES))})",
+            )
         now, wall = self._clocks()
         pods = [
             wire.pod_message(record, now, wall)
@@ -55,7 +80,7 @@ class InspectionService(pb_grpc.InspectionServiceServicer):
         return pb.ListPodsResponse(pods=pods)
 
     async def GetPod(self, request: pb.GetPodRequest, context: grpc.aio.ServicerContext) -> pb.Pod:
-        await self._authenticate(context)
+        await self._begin(context)
         if not request.namespace or not request.name:
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, "namespace and name are both required"
@@ -71,7 +96,7 @@ class InspectionService(pb_grpc.InspectionServiceServicer):
     async def GetSummary(
         self, request: pb.GetSummaryRequest, context: grpc.aio.ServicerContext
     ) -> pb.Summary:
-        await self._authenticate(context)
+        await self._begin(context)
         summary = self._core.summary()
         return pb.Summary(
             pods=sum(summary.counts.values()),
@@ -88,9 +113,12 @@ class InspectionService(pb_grpc.InspectionServiceServicer):
     async def WatchTransitions(
         self, request: pb.WatchTransitionsRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.Transition]:
-        await self._authenticate(context)
+        await self._begin(context)
         try:
             async for transition in self._core.watch(request.namespace):
                 yield wire.transition_message(transition, *self._clocks())
         except WatcherTooSlow as error:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(error))
+        # The feed ends only when the aggregator stops (Core.close_watchers): say so, as a
+        # drained Report stream does, rather than end with OK like a finished answer.
+        await context.abort(grpc.StatusCode.UNAVAILABLE, SHUTDOWN_MESSAGE)

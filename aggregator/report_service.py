@@ -4,7 +4,8 @@ Per stream: refuse it if this replica does not serve reports, count it per clien
 check its token (:mod:`aggregator.guard`), read its hello within ``--hello-timeout``, validate
 messages (:mod:`aggregator.wire`), and hand each report to the stream's
 :class:`~aggregator.report_stream.ReportStream`, which applies the admission rules and calls the
-core. Every refusal becomes a status through :data:`STATUS_OF`.
+core. Every refusal becomes a status through :data:`STATUS_OF`, and is logged once per client
+address and kind of refusal (:class:`LoggedOnce`; later ones at debug level).
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable, Hashable
 from dataclasses import dataclass, field
 from typing import NoReturn
 
@@ -56,6 +58,8 @@ STATUS_OF = {
     Refusal.TOO_FAST: grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 UNDECODABLE_TEXT = "a message on this Report stream could not be decoded as an AgentMessage"
+#: (client address, kind of refusal) pairs remembered as logged.
+LOGGED_REFUSALS = 1024
 
 # What the deserializer hands over for bytes that are not an AgentMessage: one shared empty
 # message, so it reads as "no kind", and only the error branch that follows asks whether it was
@@ -74,6 +78,51 @@ def decode_agent_message(data: bytes) -> pb.AgentMessage:
 def unexpected(message: pb.AgentMessage, what: str) -> Outcome:
     """The refusal of a message of the wrong kind (or of bytes that were no message)."""
     return refused(Refusal.INVALID, UNDECODABLE_TEXT if message is UNDECODABLE else what)
+
+
+class LoggedOnce:
+    """Keys already logged, the least recently seen forgotten first: :meth:`first` is True the
+    first time (log it as a warning), then False (debug level) while the key is remembered.
+    An agent refused at every reconnection must not fill the log (``aggregator.guard`` does
+    the same for token refusals)."""
+
+    def __init__(self, size: int = LOGGED_REFUSALS) -> None:
+        self._size = size
+        self._seen: OrderedDict[Hashable, None] = OrderedDict()
+
+    def first(self, key: Hashable) -> bool:
+        if key in self._seen:
+            self._seen.move_to_end(key)
+            return False
+        self._seen[key] = None
+        if len(self._seen) > self._size:
+            self._seen.popitem(last=False)
+        return True
+
+
+class CallsInFlight:
+    """The calls a servicer is handling, for a drain to wait on (:meth:`idle`)."""
+
+    def __init__(self) -> None:
+        self._count = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def started(self, context: grpc.aio.ServicerContext) -> None:
+        """Count the call of ``context`` until gRPC is done with it: its handler returned and
+        its status was sent (``add_done_callback`` runs when gRPC's task for the call ends)."""
+        self._count += 1
+        self._idle.clear()
+        context.add_done_callback(self._ended)
+
+    def _ended(self, _: object) -> None:
+        self._count -= 1
+        if not self._count:
+            self._idle.set()
+
+    async def idle(self) -> None:
+        """Until no call is in flight."""
+        await self._idle.wait()
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +154,8 @@ class ReportService:
         self._peers = StreamsPerPeer(settings.admission.max_streams_per_peer)
         self._clock = asyncio.get_running_loop().time
         self._draining: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._calls = CallsInFlight()
+        self._logged = LoggedOnce()
         self._agent_settings = pb.AggregatorMessage(
             settings=pb.AgentSettings(heartbeat_interval=wire.duration(settings.heartbeat_interval))
         )
@@ -132,8 +183,15 @@ class ReportService:
             await self._guard.refuse(context, "report", outcome.cause)
         code = STATUS_OF[outcome.refusal]
         self._metrics.streams_rejected.labels(code.name).inc()
-        log.warning(
-            "rejecting report stream from %s: %s: %s", context.peer(), code.name, outcome.message
+        peer = context.peer()
+        first = self._logged.first((peer_host(peer), outcome.refusal))
+        log.log(
+            logging.WARNING if first else logging.DEBUG,
+            "rejecting report stream from %s: %s: %s%s",
+            peer,
+            code.name,
+            outcome.message,
+            " (logged once per client address and kind of refusal)" if first else "",
         )
         await context.abort(code, outcome.message)
         raise AssertionError("unreachable")  # pragma: no cover - abort raises
@@ -143,6 +201,7 @@ class ReportService:
         request_iterator: AsyncIterator[pb.AgentMessage],
         context: grpc.aio.ServicerContext,
     ) -> None:
+        self._calls.started(context)
         phase = self._phase()
         if phase is not Phase.LEADING:
             log.debug("refusing a report stream from %s: %s", context.peer(), phase.value)
@@ -171,6 +230,10 @@ class ReportService:
         """End every open Report stream now with UNAVAILABLE (drain); agents reconnect."""
         if not self._draining.done():
             self._draining.set_result(None)
+
+    async def closed(self) -> None:
+        """Until no Report call is left (after :meth:`close_streams`: each one's status sent)."""
+        await self._calls.idle()
 
     async def _serve_stream(self, context: grpc.aio.ServicerContext) -> None:
         host = peer_host(context.peer())

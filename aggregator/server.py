@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
 from dataclasses import dataclass, field
 
 import grpc
@@ -127,56 +129,80 @@ class Aggregator:
         return self.lifecycle.step_down_reason
 
     async def start(self) -> None:
-        """Serve; see the module's docstring for the order."""
-        settings = self._settings
+        """Serve; see the module's docstring for the order. Both ports are bound before the gRPC
+        server starts. A start that fails (OSError "cannot listen on ..." for a port that cannot
+        be bound) stops what it had started, then raises: nothing is left to a closed loop."""
+        try:
+            await self._start()
+        except BaseException:
+            try:
+                await self.stop("start failed: stopping what was started")
+            except Exception:  # the start's own error is the one to report
+                log.exception("stopping after a failed start failed as well")
+            raise
+
+    async def _start(self) -> None:
         if self.election is None:
             await self._start_registry()
             self.lifecycle.move_to(Phase.LEADING, "no leader election: this replica leads")
-        server = grpc.aio.server(options=server_options(settings.grpc))
+        server = self._server = grpc.aio.server(options=server_options(self._settings.grpc))
         self._reports.register(server)  # undecodable messages: INVALID_ARGUMENT, not INTERNAL
         pb_grpc.add_InspectionServiceServicer_to_server(self._inspection, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection((*SERVICE_NAMES, reflection.SERVICE_NAME), server)
-        host, port = split_host_port(settings.listen)
-        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        if settings.tls_cert:
-            credentials, self._tls = server_credentials(
-                settings.tls_cert, settings.tls_key, settings.tls_client_ca
-            )
-            self.port = server.add_secure_port(address, credentials)
-        else:
-            self.port = server.add_insecure_port(address)
-        if self.port == 0:
-            raise OSError(f"cannot listen on {settings.listen}")
+        self.port = await self._add_port(server)
+        if self.metrics_server is not None:
+            await self._start_metrics(self.metrics_server)
         standby = self.election is not None
         if standby:  # before the port opens: no stream slips through
             self.lifecycle.move_to(Phase.STANDBY, "leader election: waiting for the Lease")
         await server.start()
-        self._server = server
         for name in ("", *SERVICE_NAMES, LIVENESS):
             serving = not (standby and name in LEADER_ONLY)
             await self.health.set(name, SERVING if serving else NOT_SERVING)
-        if self.metrics_server is not None:
-            await self.metrics_server.start()
         if self.election is None:
             self.metrics.leader.set(1)
             self._start_leader_tasks()
         else:
             self._electing = asyncio.create_task(self._lead(), name="leader-election")
-        self._log_start(host)
+        self._log_start()
 
-    def _log_start(self, host: str) -> None:
+    async def _add_port(self, server: grpc.aio.Server) -> int:
+        """Bind the gRPC port; OSError naming the address and why it cannot be bound. Asked
+        of the socket layer first: gRPC's own failure says only "Failed to bind to address",
+        and writes a log line of its own."""
         settings = self._settings
-        if self.metrics_server is not None:
-            metrics_host, metrics_port = self.metrics_server.address
-            metrics = f"{metrics_host}:{metrics_port}"
-        else:
-            metrics = "off"
+        host, port = split_host_port(settings.listen)
+        if problem := await _bind_problem(host, port):
+            raise _cannot_listen(settings.listen, "--listen", problem)
+        address = _host_port(host, port)
+        try:
+            if not settings.tls_cert:
+                return server.add_insecure_port(address)
+            credentials, self._tls = server_credentials(
+                settings.tls_cert, settings.tls_key, settings.tls_client_ca
+            )
+            return server.add_secure_port(address, credentials)
+        except RuntimeError:  # "Failed to bind": taken since, or credentials gRPC refused
+            tls = " with the files of --tls-cert and --tls-key" if settings.tls_cert else ""
+        raise _cannot_listen(settings.listen, "--listen", f"gRPC failed to bind it{tls}")
+
+    @staticmethod
+    async def _start_metrics(metrics_server: MetricsServer) -> None:
+        try:
+            await metrics_server.start()
+        except OSError as error:
+            host, port = metrics_server.settings.host, metrics_server.settings.port
+            reason = _why(error, host)
+            raise _cannot_listen(_host_port(host, port), "--metrics-listen", reason) from None
+
+    def _log_start(self) -> None:
+        settings = self._settings
+        metrics = _host_port(*self.metrics_server.address) if self.metrics_server else "off"
         log.info(
-            "aggregator %s listening on %s:%d (%s, metrics %s), backend %s, label %s",
+            "aggregator %s listening on %s (%s, metrics %s), backend %s, label %s",
             __version__,
-            host,
-            self.port,
+            _host_port(split_host_port(settings.listen)[0], self.port),
             ("mutual TLS" if settings.tls_client_ca else "TLS")
             if settings.tls_cert
             else "plaintext",
@@ -279,12 +305,12 @@ class Aggregator:
 
     # -- stopping -----------------------------------------------------------------------
 
-    async def stop(self) -> None:
+    async def stop(self, why: str = "draining: health NOT_SERVING, closing streams") -> None:
         """Drain: report NOT_SERVING, end every stream, stop writing, release the Lease (a
         standby takes over at once), stop serving. A second call does nothing."""
         if self.lifecycle.stopping():
             return
-        self.lifecycle.move_to(Phase.STOPPING, "draining: health NOT_SERVING, closing streams")
+        self.lifecycle.move_to(Phase.STOPPING, why)
         if self._electing is not None:  # first: no take-over may start anything from now on
             self._electing.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):  # logged there
@@ -299,7 +325,15 @@ class Aggregator:
             await self.election.elector.release()
             self.election.store.close()
         if self._server is not None:
-            await self._server.stop(self._settings.shutdown_grace)
+            # The grace is for calls in flight (inspection; Report streams were ended above).
+            # Not server.stop(grace): gRPC's graceful stop also waits, for the whole grace, for
+            # each client to ack the PING of its GOAWAY, so one raw client that never does (a
+            # Report stream that never said hello, an idle connection) held the exit for it.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._settings.shutdown_grace):
+                    await self._reports.closed()
+                    await self._inspection.idle()
+            await self._server.stop(None)  # what is left (health watches) is cancelled
         if self.metrics_server is not None:
             await self.metrics_server.stop()
         if self._guard is not None:
@@ -312,3 +346,45 @@ class Aggregator:
         """Until :meth:`stop` ran, or leadership was lost (:attr:`lost` says why; then call
         :meth:`stop` and exit non-zero)."""
         await self._finished.wait()
+
+
+# -- binding ------------------------------------------------------------------------------
+
+
+def _host_port(host: str, port: int) -> str:
+    """``127.0.0.1:50051``, ``[::1]:50051``: an IPv6 address in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _cannot_listen(address: str, flag: str, reason: str) -> OSError:
+    return OSError(f"cannot listen on {address} ({flag}): {reason}")
+
+
+def _why(error: OSError, host: str) -> str:
+    """Why ``error`` happened, readable: address already in use, cannot resolve 'x' (...)."""
+    if isinstance(error, socket.gaierror):
+        return f"cannot resolve {host!r} ({error.strerror})"
+    if error.errno:
+        return os.strerror(error.errno).lower()
+    return str(error)
+
+
+async def _bind_problem(host: str, port: int) -> str | None:
+    """Why no address ``host`` resolves to can be bound at ``port``; None when one can (gRPC
+    binds every address it can, and fails only when none)."""
+    loop = asyncio.get_running_loop()
+    try:
+        found = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as error:
+        return _why(error, host)
+    problems: list[str] = []
+    for family, kind, protocol, _, address in found:
+        with socket.socket(family, kind, protocol) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC does
+            try:
+                probe.bind(address)
+            except OSError as error:
+                problems.append(_why(error, host))
+                continue
+        return None
+    return problems[0] if problems else f"{host!r} resolves to no address"

@@ -12,7 +12,12 @@ from typing import TYPE_CHECKING
 
 from node_agent.agent import Agent
 from node_agent.flags import AgentFlags
-from node_agent.identity import MissingIdentity, SidecarPod, node_name_from_environ
+from node_agent.identity import (
+    InvalidIdentity,
+    MissingIdentity,
+    SidecarPod,
+    node_name_from_environ,
+)
 from servehealth_common import logs, runtime
 from servehealth_common.config import load
 from servehealth_common.probe import Prober, make_session
@@ -54,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if settings.mode == "daemonset":
             return _run_daemonset(settings)
         return _run_sidecar(settings)
-    except MissingIdentity as error:
+    except (MissingIdentity, InvalidIdentity) as error:
         print(f"serve-health-agent: error: {error}", file=sys.stderr)
         return 2
 

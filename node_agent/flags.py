@@ -2,14 +2,61 @@
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from node_agent.token import DEFAULT_TOKEN_FILE
 from servehealth_common import flags as shared
 from servehealth_common.config import setting
+from servehealth_common.http import InvalidURL, parse_url
 from servehealth_common.tls import check_pair, check_readable
 
 MODES = ("sidecar", "daemonset")
+#: A host name or IPv4 address of an --aggregator address (an IPv6 address goes in brackets).
+_HOST = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_.])?")
+_PORT = re.compile(r"[0-9]{1,5}")
+
+
+def check_address(address: str) -> None:
+    """Raise ValueError unless ``address`` is HOST:PORT with a port 1-65535 (``[::1]:50051``
+    for an IPv6 address): what was accepted before and failed only at every connection."""
+    host, _, port = address.rpartition(":")
+    bracketed = host.startswith("[") and host.endswith("]")
+    valid = bool(_PORT.fullmatch(port)) and 1 <= int(port) <= 65535
+    if bracketed:
+        try:
+            valid = valid and ipaddress.ip_address(host[1:-1]).version == 6
+        except ValueError:
+            valid = False
+    else:
+        valid = valid and bool(_HOST.fullmatch(host))
+    if not valid:
+        raise ValueError(
+            f"--aggregator: {address[:100]!r} is not HOST:PORT (a port 1-65535; an IPv6 "
+            "address in brackets, as [::1]:50051)"
+        )
+
+
+def check_proxy_url(url: str) -> None:
+    """Raise ValueError unless ``url`` is a whole http(s) URL with a host and a port 1-65535
+    (a URL the probe could never use would otherwise be reported UNHEALTHY for ever)."""
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"--proxy-url must be an http(s) URL, got {url!r}")
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # ValueError unless a number 0-65535
+    except ValueError as error:
+        raise ValueError(f"--proxy-url {url!r} is not a valid URL: {error}") from None
+    if not parts.hostname:
+        raise ValueError(f"--proxy-url {url!r} has no host")
+    if port == 0:
+        raise ValueError(f"--proxy-url {url!r}: the port must be 1-65535")
+    try:
+        parse_url(url)  # what the probe's HTTP client will make of it (IDNA, request target)
+    except InvalidURL as error:
+        raise ValueError(f"--proxy-url is not a valid URL: {error}") from None
 
 
 @dataclass(frozen=True)
@@ -87,12 +134,13 @@ class AgentFlags:
             raise ValueError(
                 f"--aggregator {self.aggregator!r} has an empty address: HOST:PORT[,HOST:PORT...]"
             )
+        for address in self.aggregators:
+            check_address(address)
         check_readable(self.tls_ca, "--tls-ca")
         check_pair(self.tls_cert, self.tls_key, "--tls-cert", "--tls-key")
         if self.tls_cert and not self.tls_ca:
             raise ValueError("--tls-cert and --tls-key need --tls-ca (they are only used over TLS)")
-        if not self.proxy_url.startswith(("http://", "https://")):
-            raise ValueError(f"--proxy-url must be an http(s) URL, got {self.proxy_url!r}")
+        check_proxy_url(self.proxy_url)
         if self.interval <= 0 or self.probe_timeout <= 0:
             raise ValueError("--interval and --probe-timeout must be positive")
         if self.token_file != DEFAULT_TOKEN_FILE:

@@ -3,7 +3,8 @@
 Probe loops put their results in an :class:`Outbox`; :class:`ReportClient` says hello, then
 sends a batch at once whenever a pod's state changed (only the pods that changed) and, at the
 heartbeat interval the aggregator asked for, a batch with every pod. A new stream starts with
-every pod's latest result. It reconnects forever, with capped exponential backoff and jitter.
+every pod's latest result. It reconnects forever, with capped exponential backoff and jitter;
+:class:`AttemptLog` keeps that quiet (a condition is logged when it starts, changes and ends).
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Hashable
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
 
 import grpc
 
@@ -46,15 +49,84 @@ MAX_BATCH_REPORTS = 100
 
 #: Statuses of an aggregator that will not take this agent's reports (token, identity).
 REFUSALS = frozenset({grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED})
-#: Distinct refusals remembered (each is logged once as an error, then at debug level).
-MAX_REFUSALS_LOGGED = 32
+#: After a hello refused with INVALID_ARGUMENT: retries wait up to this (at least --reconnect-max),
+#: doubling up to PERMANENT_RETRY_MAX. Why not exit: see ReportClient._failed.
+PERMANENT_RETRY_BASE = 10.0
+PERMANENT_RETRY_MAX = 300.0
 
 
 class StreamEnded(Exception):
     """The aggregator closed the stream without an error."""
 
 
-async def connected(channel: grpc.aio.Channel, address: str) -> None:
+def _seconds(value: float) -> str:
+    return f"{value:.1f}s" if value < 10 else f"{value:.0f}s"
+
+
+def _count(number: int, what: str = "attempt") -> str:
+    return f"{number} {what}{'' if number == 1 else 's'}"
+
+
+_NEW_CONDITION = (
+    "aggregator %s: %s%s; %s (logged again when this changes or ends; each attempt at debug level)"
+)
+_SAME_CONDITION = "aggregator %s: %s (attempt %d, for %s)"
+
+
+@dataclass
+class _Trouble:
+    """One address's failures since its last stream connected."""
+
+    condition: str  # the latest, since ``since`` (``attempts`` of them)
+    since: float
+    started: float  # the first failure (``total`` of them since)
+    attempts: int = 1
+    total: int = 1
+
+
+class AttemptLog:
+    """The reconnection loop's log, client-go's klog style: per aggregator address, a failure
+    condition is logged when it starts, when it changes (at its own level) and when it ends
+    (:meth:`connected`: how many attempts, how long); each attempt only at debug level. Each
+    address has its own condition: rounds over a dead address and a standby are no changes."""
+
+    def __init__(self, logger: logging.Logger, clock: Callable[[], float] = time.monotonic) -> None:
+        self._log, self._clock = logger, clock
+        self._troubles: dict[str, _Trouble] = {}
+
+    def failed(
+        self,
+        address: str,
+        condition: str,
+        *,
+        level: int = logging.WARNING,
+        then: str = "retrying with backoff",
+        exc_info: bool = False,
+    ) -> None:
+        """One failed attempt on ``address`` (``condition`` says what happened)."""
+        now, old = self._clock(), self._troubles.get(address)
+        if old is not None and old.condition == condition:
+            old.attempts += 1
+            old.total += 1
+            since = _seconds(now - old.since)
+            self._log.debug(_SAME_CONDITION, address, condition, old.attempts, since)
+            return
+        new = self._troubles[address] = _Trouble(condition, now, old.started if old else now)
+        was = ""
+        if old is not None:
+            new.total += old.total
+            was = f" (was: {old.condition}, {_count(old.attempts)} in {_seconds(now - old.since)})"
+        self._log.log(level, _NEW_CONDITION, address, condition, was, then, exc_info=exc_info)
+
+    def connected(self, address: str) -> str:
+        """A stream to ``address`` connected: the phrase that ends its condition, if any."""
+        if (old := self._troubles.pop(address, None)) is None:
+            return ""
+        elapsed = _seconds(self._clock() - old.started)
+        return f" after {_count(old.total, 'failed attempt')} in {elapsed} (last: {old.condition})"
+
+
+async def connected(channel: grpc.aio.Channel) -> None:
     """Wait until ``channel`` is connected. A failed attempt (refused, unresolvable, a TLS
     handshake that failed) raises ConnectionError at once, rather than waiting out gRPC's own
     reconnection backoff: the agent's backoff (or the next ``--aggregator`` address) decides
@@ -62,7 +134,7 @@ async def connected(channel: grpc.aio.Channel, address: str) -> None:
     state = channel.get_state(try_to_connect=True)
     while state is not grpc.ChannelConnectivity.READY:
         if state in (grpc.ChannelConnectivity.TRANSIENT_FAILURE, grpc.ChannelConnectivity.SHUTDOWN):
-            raise ConnectionError(f"cannot connect to {address}")
+            raise ConnectionError("could not connect")  # the log line names the address
         await channel.wait_for_state_change(state)
         state = channel.get_state(try_to_connect=True)
 
@@ -133,6 +205,10 @@ class ReportClient:
         self._rng = rng
         self._sequence = 0
         self._backoff = Backoff(base=0.2, cap=settings.reconnect_max, rng=rng)
+        #: After a refused hello (INVALID_ARGUMENT): see _failed.
+        self._slow_backoff = Backoff(base=PERMANENT_RETRY_BASE, cap=PERMANENT_RETRY_MAX, rng=rng)
+        self._hopeless = False  # a hello was refused in this round of addresses
+        self._attempts = AttemptLog(log)
         #: --aggregator's addresses, tried in turn (a standby refuses with UNAVAILABLE).
         self._addresses = settings.aggregators or (settings.aggregator,)
         self._address = 0
@@ -143,7 +219,6 @@ class ReportClient:
             if settings.token_file
             else None
         )
-        self._refusals: set[tuple[grpc.StatusCode, str]] = set()
         self._warned_plaintext = False
 
     async def run(self) -> None:
@@ -151,28 +226,19 @@ class ReportClient:
         while True:
             try:
                 await self._stream_once()
-            except grpc.aio.AioRpcError as error:
-                if error.code() in REFUSALS:  # retried too: the token rotates, RBAC gets fixed
-                    self._refused(error, was_connected=self.connected.is_set())
-                else:
-                    log.warning(
-                        "stream to %s ended: %s: %s",
-                        self.address,
-                        error.code().name,
-                        error.details(),
-                    )
-            except (TimeoutError, OSError, StreamEnded) as error:
-                detail = str(error) or type(error).__name__
-                log.warning("stream to %s ended: %s", self.address, detail)
-            except Exception:  # never let one stream's surprise end the agent
-                log.exception("stream to %s failed", self.address)
+            except Exception as error:  # never let one stream's surprise end the agent
+                self._failed(error, was_connected=self.connected.is_set())
             was_connected = self.connected.is_set()
             self.connected.clear()
             if self._next_address(was_connected):
-                log.info("trying aggregator %s", self.address)
+                log.debug("trying aggregator %s", self.address)
                 continue
-            delay = self._backoff.next()
-            log.info("reconnecting in %.2fs", delay)
+            if self._hopeless:
+                delay = max(self._slow_backoff.next(), self.settings.reconnect_max)
+                self._hopeless = False
+            else:
+                delay = self._backoff.next()
+            log.debug("reconnecting in %.2fs", delay)
             await asyncio.sleep(delay)
 
     @property
@@ -193,26 +259,45 @@ class ReportClient:
         self._failed_in_round = 0
         return False
 
-    def _refused(self, error: grpc.aio.AioRpcError, *, was_connected: bool) -> None:
-        """Log a refusal once per distinct status (later ones at debug level): an agent with
-        a bad token retries for ever, and must not fill the log doing so."""
-        code, details = error.code(), error.details() or ""
-        if was_connected and code is grpc.StatusCode.UNAUTHENTICATED and details == TOKEN_EXPIRED:
-            log.info("the stream's token expired; reconnecting with the current one")
+    def _failed(self, error: Exception, *, was_connected: bool) -> None:
+        """Log a stream that ended or could not start, quietly (:class:`AttemptLog`). A hello
+        refused with INVALID_ARGUMENT is permanent (the identity is checked at start: what is
+        left is an aggregator of another version): one ERROR line, then retries minutes apart.
+        Not an exit: a sidecar that exits crash-loops and makes its Ray pod not Ready, so a
+        version skew in a rollout would empty every Service; alive, it needs no restart once the
+        aggregator takes it, and the pull fallback probes its pod meanwhile. Token refusals keep
+        the usual pace (tokens rotate, RBAC gets fixed)."""
+        level, then = logging.WARNING, "retrying with backoff"
+        if isinstance(error, grpc.aio.AioRpcError):
+            code, details = error.code(), error.details() or ""
+            condition = f"{code.name}: {details}"
+            expired = code is grpc.StatusCode.UNAUTHENTICATED and details == TOKEN_EXPIRED
+            if was_connected and expired:
+                log.info("the stream's token expired; reconnecting with the current one")
+                return
+            if code in REFUSALS:
+                level, condition = logging.ERROR, f"the aggregator refused this agent: {condition}"
+                then = (
+                    f"retrying with backoff (check --token-file {self.settings.token_file or '-'}"
+                    " and the aggregator's --auth settings)"
+                )
+            elif code is grpc.StatusCode.INVALID_ARGUMENT and not was_connected:
+                self._hopeless = True
+                level = logging.ERROR
+                condition = f"the aggregator refused this agent's hello: {condition}"
+                then = (
+                    "retrying will not help soon: retrying less and less often, every 5 minutes "
+                    "at most (do the agent's and the aggregator's versions match?)"
+                )
+        elif isinstance(error, TimeoutError | OSError | StreamEnded):
+            condition = str(error) or type(error).__name__
+        else:
+            unexpected = f"stream failed: {error!r}"
+            self._attempts.failed(self.address, unexpected, level=logging.ERROR, exc_info=True)
             return
-        if (code, details) in self._refusals:
-            log.debug("the aggregator refused this agent again: %s: %s", code.name, details)
-            return
-        if len(self._refusals) >= MAX_REFUSALS_LOGGED:
-            self._refusals.clear()
-        self._refusals.add((code, details))
-        log.error(
-            "the aggregator refused this agent: %s: %s; retrying with backoff (check --token-file "
-            "%s and the aggregator's --auth settings; logged once per distinct refusal)",
-            code.name,
-            details,
-            self.settings.token_file or "(none)",
-        )
+        if was_connected and level == logging.WARNING:
+            condition = f"stream ended: {condition}"
+        self._attempts.failed(self.address, condition, level=level, then=then)
 
     def _metadata(self) -> tuple[tuple[str, str], ...] | None:
         """The call metadata of a new stream: the current token, if there is one."""
@@ -254,15 +339,21 @@ class ReportClient:
         settings = self.settings
         async with self._channel() as channel:
             async with asyncio.timeout(settings.connect_timeout):
-                await connected(channel, self.address)
+                await connected(channel)
                 call = pb_grpc.ReportServiceStub(channel).Report(metadata=self._metadata())
                 await call.write(self._hello)
                 first = await call.read()
             try:
                 self._apply(first)
                 self._backoff.reset()
+                self._slow_backoff.reset()
                 self.connected.set()
-                log.info("connected to aggregator %s as %s", self.address, self._who)
+                log.info(
+                    "connected to aggregator %s as %s%s",
+                    self.address,
+                    self._who,
+                    self._attempts.connected(self.address),
+                )
                 async with asyncio.TaskGroup() as group:
                     group.create_task(self._read_forever(call))
                     group.create_task(self._write_forever(call))

@@ -78,6 +78,39 @@ def render(text: str) -> str:
     return text
 
 
+LISTEN_ADDRESSES = """### Listen addresses
+
+`--listen` (gRPC) and `--metrics-listen` (/metrics) default to `0.0.0.0`, every address of the
+network namespace the aggregator runs in. That is deliberate:
+
+- **In a pod** that namespace is the pod's own: its loopback and its pod IP, nothing of the
+  node's. Agents on other nodes reach the gRPC port through the Service, the kubelet's gRPC
+  probes reach the pod IP, and Prometheus scrapes the pod IP (the `prometheus.io/*`
+  annotations of the Deployment). `127.0.0.1` would shut all of them out; the pod IP, the only
+  other address there is, is not known before the pod starts, and binding it (from
+  `status.podIP`) would expose nothing less.
+- **What limits exposure** is who can reach the pod IP and what each port lets a client do. A
+  NetworkPolicy admits agents to 50051 and Prometheus to 9090 and nobody else (an example is in
+  [install.md](install.md)). The gRPC port checks agents' tokens (`--auth tokenreview`) and
+  bounds connections: `--max-connections`, `--handshake-timeout`, keepalive,
+  `--max-connection-idle`, `--max-streams-per-peer`. The /metrics port is read-only and bounded
+  against hostile clients: a request head must arrive within 5 s and be at most 16 KiB, a
+  kept-alive connection idles 30 s at most, and at most 64 connections are open at once (one
+  more is closed as it arrives). A flood of half-sent requests to /metrics thus holds at most
+  64 file descriptors and never starves the gRPC port, though scrapes can be refused while it
+  lasts.
+- **Outside a pod** (a machine of its own, or `hostNetwork: true`) `0.0.0.0` is every interface
+  of the machine: pass `--listen 127.0.0.1:50051 --metrics-listen 127.0.0.1:9090`, or the one
+  address that should serve, or `--metrics-listen ""` to turn /metrics off.
+- **At start** a port already in use (by another aggregator too: the gRPC port is never shared,
+  gRPC's SO_REUSEPORT is off), a host name that does not resolve or an address this machine
+  does not have stops the aggregator with one line, `cannot start: cannot listen on
+  127.0.0.1:50051 (--listen): address already in use`, exit status 1. Once started, it logs
+  the addresses bound, with the ports that port 0 picked:
+  `listening on 0.0.0.0:50051 (plaintext, metrics 0.0.0.0:9090)`.
+"""
+
+
 def configuration() -> str:
     """docs/configuration.md, whole."""
     example = describe(AggregatorFlags)[0]
@@ -94,12 +127,18 @@ below are generated from the settings dataclasses, so they list every setting th
   `{ENV_PREFIX}SOME_NAME`: the prefix `{ENV_PREFIX}`, then the flag's name in upper case with
   dashes turned into underscores (`{example["flag"]}` is `{example["env"]}`).
 - **Precedence.** A flag wins over the environment, which wins over the default.
-- **Values.** A *duration* is `500ms`, `3s`, `1m`, `1h` or plain seconds (`2.5`). A *boolean*
+- **Values.** A *duration* is `500ms`, `3s`, `1m`, `1h` or plain seconds (`2.5`); a negative
+  one (`--heartbeat-ttl -1s`) is read as such and refused by the check of its setting. A
+  *boolean*
   is `true`/`false` (also `1`/`0`, `yes`/`no`, `on`/`off`). A *list* setting is a flag given
   once per value (`--namespace a --namespace b`), or one comma-separated variable
   (`{ENV_PREFIX}NAMESPACE=a,b`).
 - **Errors.** A bad value (from a flag, or from a variable that no flag overrides) stops the
-  command with a usage error naming it, exit status 2.
+  command with a usage error naming the setting and the value, exit status 2: a duration or a
+  number out of its range, a port outside 0-65535, an IP address that is none (`256.1.1.1`), a
+  TLS file that is not PEM or a key that is not its certificate's. What is only known when the
+  aggregator starts (see [Listen addresses](#listen-addresses)) is one line `cannot start: ...`
+  and exit status 1.
 - **On Kubernetes** the manifests in `deploy/` set the environment variables (`env:` of the
   container), so that an overlay can change one setting with a strategic merge patch that
   names just that variable; see [install.md](install.md).
@@ -108,6 +147,7 @@ below are generated from the settings dataclasses, so they list every setting th
 
 {reference_table(AggregatorFlags)}
 
+{LISTEN_ADDRESSES}
 ## `{COMMANDS["agent"]}`
 
 Identity comes from the downward API, not from flags: `POD_NAMESPACE`, `POD_NAME`, `POD_UID`,

@@ -3,14 +3,18 @@ environment as ``SERVE_HEALTH_<FIELD>``.
 
 A field declares itself with :func:`setting`; its ``help`` is the one line of documentation it
 gets, on ``--help`` and in the docs. Precedence: flag, then environment, then default.
-Durations accept ``500ms``, ``3s``, ``1m`` or plain seconds.
+Durations accept ``500ms``, ``3s``, ``1m`` or plain seconds; a negative one (``-1s``) parses, so
+that the validation of its field refuses it with its own message, and a value after a flag may
+begin with ``-`` and a digit (``--heartbeat-ttl -1s``: argparse would take it for a flag).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import ipaddress
 import re
+import sys
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -18,8 +22,11 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 ENV_PREFIX = "SERVE_HEALTH_"
+MAX_PORT = 65535
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?|\.\d+)\s*(ms|s|m|h)?\s*$")
+_DURATION = re.compile(r"^\s*(-?)(\d+(?:\.\d+)?|\.\d+)\s*(ms|s|m|h)?\s*$")
+#: A value that begins like a negative number: ``-1``, ``-1s``, ``-.5``.
+_NEGATIVE_VALUE = re.compile(r"^-[\d.]")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 
 
@@ -31,22 +38,52 @@ class _BadEnv:
 
 
 def parse_duration(text: str) -> float:
-    """``"500ms"`` -> 0.5, ``"3s"`` -> 3.0, ``"2"`` -> 2.0 (seconds)."""
+    """``"500ms"`` -> 0.5, ``"3s"`` -> 3.0, ``"2"`` -> 2.0 (seconds); ``"-1s"`` -> -1.0."""
     match = _DURATION.match(text)
     if not match:
         raise ValueError(f"not a duration: {text!r} (use e.g. 500ms, 3s, 1m)")
-    return float(match.group(1)) * _UNITS[match.group(2)]
+    sign, number, unit = match.groups()
+    seconds = float(number) * _UNITS[unit]
+    return -seconds if sign and seconds else seconds
 
 
 parse_duration.__name__ = "duration"
 
 
 def split_host_port(address: str) -> tuple[str, int]:
-    """``"0.0.0.0:50051"`` -> ``("0.0.0.0", 50051)``; ``"[::]:50051"`` -> ``("::", 50051)``."""
+    """``"0.0.0.0:50051"`` -> ``("0.0.0.0", 50051)``; ``"[::]:50051"`` -> ``("::", 50051)``.
+
+    ValueError unless the port is a number 0-65535 (a larger one used to be wrapped by the
+    socket layer: 99999 bound 34463).
+    """
     host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit() or not host:
+    host = host.strip("[]")
+    if not sep or not (port.isascii() and port.isdigit()) or not host:
         raise ValueError(f"not a HOST:PORT address: {address!r}")
-    return host.strip("[]"), int(port)
+    if int(port) > MAX_PORT:
+        raise ValueError(f"port {int(port)} of {address!r} is not a TCP port (0-{MAX_PORT})")
+    return host, int(port)
+
+
+def check_listen_address(address: str, flag: str) -> None:
+    """ValueError naming ``flag`` unless ``address`` is HOST:PORT with a port 0-65535 and, when
+    HOST is written as an IP address (digits and dots, or with a colon), a valid one. Whether a
+    host name resolves is only known when the port is bound."""
+    try:
+        host, _ = split_host_port(address)
+        if set(host) <= set("0123456789."):
+            _check_ip(host, ipaddress.IPv4Address, "IPv4")
+        elif ":" in host:
+            _check_ip(host, ipaddress.IPv6Address, "IPv6")
+    except ValueError as error:
+        raise ValueError(f"{flag}: {error}") from None
+
+
+def _check_ip(host: str, kind: Callable[[str], object], name: str) -> None:
+    try:
+        kind(host)
+    except ValueError:
+        raise ValueError(f"{host!r} is not an {name} address") from None
 
 
 def parse_bool(text: str) -> bool:
@@ -177,6 +214,34 @@ def build_parser(
     return parser
 
 
+def _attach_negative_values(argv: Sequence[str], flags: Sequence[str]) -> list[str]:
+    """``--flag -1s`` -> ``--flag=-1s``: argparse takes a token that begins with ``-`` for a
+    flag unless it is a plain negative number, so ``-1s`` never reached the validation of its
+    flag ("expected one argument"). Every flag of a settings class takes one value."""
+    result: list[str] = []
+    index = 0
+    while index < len(argv):
+        token = argv[index]
+        if token == "--":
+            result += argv[index:]
+            break
+        following = argv[index + 1] if index + 1 < len(argv) else ""
+        if _takes_value(token, flags) and _NEGATIVE_VALUE.match(following):
+            result.append(f"{token}={following}")
+            index += 2
+        else:
+            result.append(token)
+            index += 1
+    return result
+
+
+def _takes_value(token: str, flags: Sequence[str]) -> bool:
+    """``token`` is a flag without its value: a whole flag, or a prefix argparse accepts."""
+    if not token.startswith("--") or "=" in token:
+        return False
+    return token in flags or sum(flag.startswith(token) for flag in flags) == 1
+
+
 def _fill_repeatable(cls: type, values: dict[str, Any], environ: Mapping[str, str]) -> None:
     hints = typing.get_type_hints(cls)
     for field in dataclasses.fields(cls):
@@ -202,7 +267,9 @@ def load(
 ) -> T:
     """Build ``cls`` from flags and the environment; exits with a usage error on bad input."""
     parser = build_parser(cls, prog, description, environ)
-    values = vars(parser.parse_args(argv))
+    flags = [flag_name(field) for field in dataclasses.fields(cls)]
+    given = sys.argv[1:] if argv is None else argv
+    values = vars(parser.parse_args(_attach_negative_values(given, flags)))
     for value in values.values():
         if isinstance(value, _BadEnv):
             parser.error(value.message)

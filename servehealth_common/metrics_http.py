@@ -87,6 +87,11 @@ class MetricsServer:
         self._address = (host, port)
 
     @property
+    def settings(self) -> MetricsServerSettings:
+        """Where it listens (as asked: port 0 is not resolved here) and its bounds."""
+        return self._settings
+
+    @property
     def address(self) -> tuple[str, int]:
         """``(host, port)`` of the first bound socket."""
         if self._address is None:

@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import logging
 import os
+import ssl
 import threading
 from collections.abc import Sequence
 
 import grpc
 
 log = logging.getLogger(__name__)
+
+_PEM_CERTIFICATE = b"-----BEGIN CERTIFICATE-----"
 
 
 def check_readable(path: str, flag: str) -> None:
@@ -104,3 +107,47 @@ def check_pair(cert: str, key: str, cert_flag: str, key_flag: str) -> None:
         raise ValueError(f"{cert_flag} and {key_flag} go together: give both or neither")
     check_readable(cert, cert_flag)
     check_readable(key, key_flag)
+
+
+def check_pem_certificates(path: str, flag: str) -> None:
+    """Raise ValueError naming ``flag`` unless ``path`` holds PEM certificates (the blocks
+    ``-----BEGIN CERTIFICATE-----``) that parse. gRPC would take any bytes, and fail to open the
+    port ("Failed to bind to address") with no word about the file."""
+    if not path:
+        return
+    because = " (no -----BEGIN CERTIFICATE----- block)"
+    try:
+        if _PEM_CERTIFICATE in _read(path):
+            ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cafile=path)
+            return
+    except ssl.SSLError as error:
+        because = _because(error)
+    except OSError as error:
+        raise ValueError(f"{flag}: cannot read {path}: {error.strerror or error}") from None
+    raise ValueError(f"{flag} {path}: no PEM certificate in it{because}")
+
+
+def check_pem_key(cert: str, key: str, cert_flag: str, key_flag: str) -> None:
+    """Raise ValueError naming ``key_flag`` unless ``key`` is the unencrypted PEM private key of
+    the (checked) certificate in ``cert``."""
+    if not cert or not key:
+        return
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.load_cert_chain(cert, key, password=lambda: b"")  # never prompt on a terminal
+    except ssl.SSLError as error:
+        if error.reason == "KEY_VALUES_MISMATCH":
+            raise ValueError(
+                f"{key_flag} {key}: not the private key of the certificate in {cert_flag} {cert}"
+            ) from None
+        raise ValueError(
+            f"{key_flag} {key}: not an unencrypted PEM private key{_because(error)}"
+        ) from None
+    except OSError as error:
+        raise ValueError(f"{key_flag}: cannot read {key}: {error.strerror or error}") from None
+
+
+def _because(error: ssl.SSLError) -> str:
+    """OpenSSL's reason, readable (``NO_CERTIFICATE_OR_CRL_FOUND`` -> " (no certificate or crl
+    found)"); nothing when it gave none."""
+    return f" ({error.reason.replace('_', ' ').lower()})" if error.reason else ""

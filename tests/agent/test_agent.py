@@ -346,6 +346,8 @@ async def test_cli_never_exits_while_the_aggregator_is_away(fake_proxy: FakeServ
         "200ms",
         "--reconnect-max",
         "500ms",
+        "--log-level",
+        "debug",  # each reconnection is a debug line (one warning says the aggregator is away)
         env=clean_environ(**IDENTITY_ENV),
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.DEVNULL,

@@ -61,3 +61,10 @@ def test_every_option_is_set_once() -> None:
 def test_invalid_connection_settings_are_refused(field: str, value: Any, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         AggregatorFlags(**{field: value})
+
+
+def test_the_port_is_not_shared_with_another_process() -> None:
+    # gRPC sets SO_REUSEPORT by default: a second aggregator on the same port would bind it
+    # too and take half the connections (tests/aggregator/test_startup_errors.py).
+    options = dict(server_options(grpc_server_settings(AggregatorFlags())))
+    assert options["grpc.so_reuseport"] == 0

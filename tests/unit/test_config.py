@@ -9,6 +9,7 @@ environment, precedence (flag, then environment, then default), duration syntax,
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -16,7 +17,13 @@ import pytest
 
 from aggregator.flags import AggregatorFlags
 from node_agent.flags import AgentFlags
-from servehealth_common.config import describe, load, parse_bool, parse_duration
+from servehealth_common.config import (
+    describe,
+    load,
+    parse_bool,
+    parse_duration,
+    split_host_port,
+)
 
 AGGREGATOR_FLAG = ["--aggregator", "agg.example:50051"]
 
@@ -295,10 +302,22 @@ def test_durations(text: str, seconds: float) -> None:
     assert load_agent(AGGREGATOR_FLAG, environ).confirm_delay == pytest.approx(seconds)
 
 
-@pytest.mark.parametrize("text", ["", "abc", "-1s", "1d", "1sec", "1e3", "s", "1.", "5 ms ms"])
+@pytest.mark.parametrize(
+    "text", ["", "abc", "1d", "1sec", "1e3", "s", "1.", "5 ms ms", "--1s", "-", "-s", "+1s"]
+)
 def test_bad_durations(text: str) -> None:
     with pytest.raises(ValueError, match="not a duration"):
         parse_duration(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("-1s", -1.0), ("-.5", -0.5), ("-500ms", -0.5), (" -2 ", -2.0), ("-0", 0.0)],
+)
+def test_negative_durations_parse_so_that_validation_refuses_them(
+    text: str, seconds: float
+) -> None:
+    assert parse_duration(text) == pytest.approx(seconds)
 
 
 @pytest.mark.parametrize(
@@ -438,6 +457,159 @@ def test_aggregator_validation(
 ) -> None:
     err = usage_error(capsys, AggregatorFlags, argv, {})
     assert message in err
+
+
+def error_line(err: str) -> str:
+    (line,) = [line for line in err.splitlines() if line.startswith("prog: error: ")]
+    return line.removeprefix("prog: error: ")
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--listen", "127.0.0.1:99999"),
+        ("--listen", "127.0.0.1:65536"),
+        ("--listen", "[::]:70000"),
+        ("--metrics-listen", "127.0.0.1:65536"),
+        ("--metrics-listen", "0.0.0.0:99999"),
+    ],
+)
+def test_ports_outside_the_tcp_range_are_refused(
+    capsys: pytest.CaptureFixture[str], flag: str, value: str
+) -> None:
+    line = error_line(usage_error(capsys, AggregatorFlags, [flag, value], {}))
+    assert line.startswith(f"{flag}: ")
+    assert repr(value) in line
+    assert "0-65535" in line
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [
+        ("--listen", "256.1.1.1:0", "'256.1.1.1' is not an IPv4 address"),
+        ("--listen", "10.0.0:0", "'10.0.0' is not an IPv4 address"),
+        ("--metrics-listen", "[::g]:9090", "'::g' is not an IPv6 address"),
+        ("--listen", "[]:1", "not a HOST:PORT address"),
+        ("--listen", "host:\uff11\uff12", "not a HOST:PORT address"),  # full-width digits
+        ("--listen", "host:-1", "not a HOST:PORT address"),
+    ],
+)
+def test_listen_hosts_that_cannot_be_addresses_are_refused(
+    capsys: pytest.CaptureFixture[str], flag: str, value: str, message: str
+) -> None:
+    line = error_line(usage_error(capsys, AggregatorFlags, [f"{flag}={value}"], {}))
+    assert line.startswith(f"{flag}: ")
+    assert message in line
+
+
+@pytest.mark.parametrize(
+    ("address", "host", "port"),
+    [
+        ("0.0.0.0:0", "0.0.0.0", 0),
+        ("127.0.0.1:65535", "127.0.0.1", 65535),
+        ("[::]:50051", "::", 50051),
+        ("[::1]:9090", "::1", 9090),
+        ("localhost:8080", "localhost", 8080),
+        ("aggregator.example:0", "aggregator.example", 0),
+    ],
+)
+def test_listen_addresses_that_are_fine(address: str, host: str, port: int) -> None:
+    assert split_host_port(address) == (host, port)
+    assert load_aggregator(["--listen", address, "--metrics-listen", address]).listen == address
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        pytest.param(["--heartbeat-ttl", "-1s"], "--heartbeat-ttl must be positive", id="ttl"),
+        pytest.param(["--heartbeat-ttl=-1s"], "--heartbeat-ttl must be positive", id="ttl-eq"),
+        pytest.param(["--heartbeat-t", "-1s"], "--heartbeat-ttl must be positive", id="prefix"),
+        pytest.param(
+            ["--heartbeat-interval", "-.5"], "--heartbeat-interval must be positive", id="dot"
+        ),
+        pytest.param(
+            ["--shutdown-grace", "-1s"], "--shutdown-grace must not be negative", id="grace"
+        ),
+        pytest.param(["--panic-settle", "-1"], "--panic-settle must not be negative", id="settle"),
+        pytest.param(
+            ["--max-connections", "-1"], "--max-connections must not be negative", id="int"
+        ),
+        pytest.param(["--kube-qps", "-2.5"], "--kube-qps must be positive", id="float"),
+    ],
+)
+def test_a_negative_value_reaches_validation(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    line = error_line(usage_error(capsys, AggregatorFlags, argv, {}))
+    assert line.startswith(message)
+    assert "expected one argument" not in line
+
+
+def test_a_negative_duration_from_the_environment_reaches_validation(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    err = usage_error(capsys, AggregatorFlags, [], {"SERVE_HEALTH_HEARTBEAT_TTL": "-1s"})
+    assert error_line(err).startswith("--heartbeat-ttl must be positive")
+
+
+def test_a_negative_agent_duration_reaches_validation(capsys: pytest.CaptureFixture[str]) -> None:
+    err = usage_error(capsys, AgentFlags, [*AGGREGATOR_FLAG, "--interval", "-1s"], {})
+    assert "must be positive" in error_line(err)
+
+
+def test_a_value_that_starts_with_a_dash_and_a_digit_is_a_value() -> None:
+    settings = load_aggregator(["--pod-selector", "-1x", "--label-key", "-.x"])
+    assert settings.pod_selector == "-1x"
+    assert settings.label_key == "-.x"
+
+
+def test_a_flag_after_a_flag_is_still_a_missing_value(capsys: pytest.CaptureFixture[str]) -> None:
+    err = usage_error(capsys, AggregatorFlags, ["--heartbeat-ttl", "--listen", "h:1"], {})
+    assert "--heartbeat-ttl: expected one argument" in error_line(err)
+
+
+#: One bad value per validated flag: the error starts with that flag and shows the value.
+ONE_BAD_VALUE = [
+    ("--heartbeat-ttl", "0", "0s"),
+    ("--heartbeat-interval", "0", "0s"),
+    ("--failure-threshold", "0", "0"),
+    ("--success-threshold", "0", "0"),
+    ("--ack-every", "0", "0"),
+    ("--max-message-bytes", "100", "100"),
+    ("--max-streams-per-peer", "0", "0"),
+    ("--max-pods-per-stream", "0", "0"),
+    ("--max-reports-per-second", "0", "0"),
+    ("--hello-timeout", "0", "0s"),
+    ("--handshake-timeout", "0", "0s"),
+    ("--keepalive-time", "0", "0s"),
+    ("--keepalive-timeout", "0", "0s"),
+    ("--max-connection-idle", "0", "0s"),
+    ("--max-connections", "-1", "-1"),
+    ("--expiry-interval", "0", "0s"),
+    ("--shutdown-grace", "-1", "-1s"),
+    ("--kube-qps", "0", "0"),
+    ("--kube-burst", "0", "0"),
+    ("--kube-concurrency", "0", "0"),
+    ("--pull-interval", "0", "0s"),
+    ("--pull-timeout", "0", "0s"),
+    ("--pull-concurrency", "0", "0"),
+    ("--panic-threshold", "0", "0"),
+    ("--panic-threshold", "1.5", "1.5"),
+    ("--panic-settle", "-1", "-1s"),
+    ("--panic-min-pods", "0", "0"),
+    ("--startup-grace", "-1", "-1s"),
+]
+
+
+@pytest.mark.parametrize(("flag", "value", "shown"), ONE_BAD_VALUE)
+def test_each_error_names_its_own_flag_and_value(
+    capsys: pytest.CaptureFixture[str], flag: str, value: str, shown: str
+) -> None:
+    line = error_line(usage_error(capsys, AggregatorFlags, [flag, value], {}))
+    assert line.startswith(f"{flag} "), line
+    assert f"(got {shown})" in line, line
+    others = {row["flag"] for row in describe(AggregatorFlags)} - {flag}
+    assert not [other for other in others if re.search(re.escape(other) + r"\b(?!-)", line)]
 
 
 # -- documentation ------------------------------------------------------------------------
