@@ -28,12 +28,13 @@ def parse(argv: Sequence[str] | None = None) -> AggregatorFlags:
 async def run(settings: AggregatorFlags) -> int:
     """Serve until SIGTERM/SIGINT (exit 0), or until leadership is lost (exit 1: the
     Deployment restarts the replica, which comes back as a standby)."""
-    aggregator = build_aggregator(settings)
-    await aggregator.start()
+    # The handlers first: a SIGTERM during the start is a stop right after it, not a kill.
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    aggregator = build_aggregator(settings)
+    await aggregator.start()
     waiters = (
         asyncio.create_task(stop.wait(), name="signals"),
         asyncio.create_task(aggregator.wait(), name="aggregator"),

@@ -311,8 +311,8 @@ class ReportService:
             stream_id,
             context.peer(),
             pb.AgentMode.Name(hello.mode),
-            hello.node_name or "?",
-            hello.agent_version or "?",
+            hello.node_name[:253] or "?",  # raw clients may send anything: cut for the log
+            hello.agent_version[:64] or "?",
         )
         try:
             await context.write(self._agent_settings)

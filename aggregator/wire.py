@@ -34,9 +34,9 @@ def _pod_key(ref: pb.PodRef, where: str) -> PodKey:
         raise InvalidMessage(f"{where}.namespace is empty")
     if not ref.name:
         raise InvalidMessage(f"{where}.name is empty")
-    if not _DNS_LABEL.match(ref.namespace):
+    if not _DNS_LABEL.fullmatch(ref.namespace):
         raise InvalidMessage(f"{where}.namespace {ref.namespace[:80]!r} is not a valid namespace")
-    if not _DNS_SUBDOMAIN.match(ref.name):
+    if not _DNS_SUBDOMAIN.fullmatch(ref.name):
         raise InvalidMessage(f"{where}.name {ref.name[:80]!r} is not a valid pod name")
     return PodKey(ref.namespace, ref.name)
 

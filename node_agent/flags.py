@@ -121,7 +121,8 @@ class AgentFlags:
         2.0,
         "Longest wait between reconnection attempts (exponential from 200ms, jittered; with "
         "several --aggregator addresses, between rounds of all of them). Short, so that agents "
-        "are back within the aggregator's startup grace after a restart or a failover.",
+        "are back within the aggregator's startup grace after a restart or a failover. A hello "
+        "the aggregator refuses as invalid is a permanent error: retried from 10s up to 5m.",
         duration=True,
     )
     log_level: str = shared.log_level_flag()

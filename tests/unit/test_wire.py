@@ -49,6 +49,16 @@ def sidecar_hello(**pod: str) -> pb.Hello:
             id="no-mode",
         ),
         pytest.param(pb.Hello(mode=7), "got 7", id="unknown-mode"),
+        pytest.param(
+            sidecar_hello(namespace="ns", name="pod-a\n"),
+            "is not a valid pod name",
+            id="trailing-newline-in-name",
+        ),
+        pytest.param(
+            sidecar_hello(namespace="ns\n", name="pod-a"),
+            "is not a valid namespace",
+            id="trailing-newline-in-namespace",
+        ),
     ],
 )
 def test_bad_hellos(hello: pb.Hello, error: str) -> None:
