@@ -12,9 +12,10 @@ from collections.abc import AsyncIterator, Callable
 import grpc
 
 from aggregator import wire
+from aggregator.call_bookkeeping import CallsInFlight
 from aggregator.core import Core
 from aggregator.guard import Guard
-from aggregator.report_service import SHUTDOWN_MESSAGE, CallsInFlight
+from aggregator.report_service import SHUTDOWN_MESSAGE
 from aggregator.transition_feed import WatcherTooSlow
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth.v1 import servehealth_pb2_grpc as pb_grpc

@@ -13,8 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Hashable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import NoReturn
 
@@ -31,6 +30,7 @@ from aggregator.admission import (
     refused,
     unknown_pod,
 )
+from aggregator.call_bookkeeping import CallsInFlight, LoggedOnce
 from aggregator.core import Core, NotAdmitted
 from aggregator.guard import Guard
 from aggregator.lifecycle import Phase
@@ -58,9 +58,6 @@ STATUS_OF = {
     Refusal.TOO_FAST: grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 UNDECODABLE_TEXT = "a message on this Report stream could not be decoded as an AgentMessage"
-#: (client address, kind of refusal) pairs remembered as logged.
-LOGGED_REFUSALS = 1024
-
 # What the deserializer hands over for bytes that are not an AgentMessage: one shared empty
 # message, so it reads as "no kind", and only the error branch that follows asks whether it was
 # this one (no cost to a good report).
@@ -78,51 +75,6 @@ def decode_agent_message(data: bytes) -> pb.AgentMessage:
 def unexpected(message: pb.AgentMessage, what: str) -> Outcome:
     """The refusal of a message of the wrong kind (or of bytes that were no message)."""
     return refused(Refusal.INVALID, UNDECODABLE_TEXT if message is UNDECODABLE else what)
-
-
-class LoggedOnce:
-    """Keys already logged, the least recently seen forgotten first: :meth:`first` is True the
-    first time (log it as a warning), then False (debug level) while the key is remembered.
-    An agent refused at every reconnection must not fill the log (``aggregator.guard`` does
-    the same for token refusals)."""
-
-    def __init__(self, size: int = LOGGED_REFUSALS) -> None:
-        self._size = size
-        self._seen: OrderedDict[Hashable, None] = OrderedDict()
-
-    def first(self, key: Hashable) -> bool:
-        if key in self._seen:
-            self._seen.move_to_end(key)
-            return False
-        self._seen[key] = None
-        if len(self._seen) > self._size:
-            self._seen.popitem(last=False)
-        return True
-
-
-class CallsInFlight:
-    """The calls a servicer is handling, for a drain to wait on (:meth:`idle`)."""
-
-    def __init__(self) -> None:
-        self._count = 0
-        self._idle = asyncio.Event()
-        self._idle.set()
-
-    def started(self, context: grpc.aio.ServicerContext) -> None:
-        """Count the call of ``context`` until gRPC is done with it: its handler returned and
-        its status was sent (``add_done_callback`` runs when gRPC's task for the call ends)."""
-        self._count += 1
-        self._idle.clear()
-        context.add_done_callback(self._ended)
-
-    def _ended(self, _: object) -> None:
-        self._count -= 1
-        if not self._count:
-            self._idle.set()
-
-    async def idle(self) -> None:
-        """Until no call is in flight."""
-        await self._idle.wait()
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ import sys
 import grpc
 import pytest
 
-from aggregator.report_service import LoggedOnce
+from aggregator.call_bookkeeping import LoggedOnce
 from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
 from tests.conftest import StartAggregator
 from tests.messages import hello, read_until_error
