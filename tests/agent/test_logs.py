@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import signal
 import sys
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -21,6 +20,7 @@ from typing import Any
 import pytest
 
 from tests.fakes import FakeServeProxy
+from tests.processes import StderrLines
 
 DRAINED = "This node is being drained."
 FORGED_TAIL = "\n2026-12-01 10:00:00,000 INFO node_agent: FORGED LINE \x1b[31m"
@@ -31,32 +31,10 @@ LISTENING = re.compile(r"listening on 127\.0\.0\.1:(\d+)")
 IDENTITY_ENV = {"POD_NAMESPACE": "ns", "POD_NAME": "pod-a", "POD_UID": "uid-1", "NODE_NAME": "n"}
 
 
-class Program:
-    """A child process whose stderr is read line by line."""
-
-    def __init__(self, process: asyncio.subprocess.Process) -> None:
-        self.process = process
-        self.lines: list[str] = []
-
-    async def line_where(self, check: Callable[[str], Any]) -> Any:
-        """Read stderr until ``check(line)`` is truthy (30 s at most); returns that value."""
-        assert self.process.stderr is not None
-        async with asyncio.timeout(30):
-            while True:
-                raw = await self.process.stderr.readline()
-                assert raw, f"exited ({self.process.returncode}):\n{''.join(self.lines)}"
-                line = raw.decode()
-                self.lines.append(line)
-                if found := check(line):
-                    return found
-
+class Program(StderrLines):
     async def stop(self) -> str:
-        """SIGTERM, wait for the exit (it must be 0); returns the whole stderr."""
-        assert self.process.stderr is not None
-        self.process.send_signal(signal.SIGTERM)
-        async with asyncio.timeout(30):
-            rest = (await self.process.stderr.read()).decode()
-            await self.process.wait()
+        """SIGTERM; the exit must be 0. Returns the whole of stderr."""
+        rest = await super().stop()
         output = "".join(self.lines) + rest
         assert self.process.returncode == 0, output
         return output

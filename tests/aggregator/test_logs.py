@@ -19,7 +19,6 @@ import json
 import logging
 import os
 import re
-import signal
 import sys
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -30,6 +29,7 @@ import pytest
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth_common.logs import JsonFormatter, setup
 from tests.messages import open_stream, report
+from tests.processes import StderrLines
 
 LISTENING = re.compile(r"listening on 127\.0\.0\.1:(\d+)")
 
@@ -98,40 +98,11 @@ def test_setup_refuses_an_unknown_format() -> None:
 # -- the aggregator as a real process -------------------------------------------------------
 
 
-class Process:
-    """``python -m aggregator`` with its stderr read line by line."""
-
-    def __init__(self, process: asyncio.subprocess.Process) -> None:
-        self.process = process
-        self.lines: list[str] = []
-
-    async def line_where(self, check: Callable[[str], Any]) -> Any:
-        """Read stderr until ``check(line)`` is truthy (30 s at most); returns that value."""
-        assert self.process.stderr is not None
-        async with asyncio.timeout(30):
-            while True:
-                raw = await self.process.stderr.readline()
-                assert raw, f"aggregator exited:\n{''.join(self.lines)}"
-                line = raw.decode()
-                self.lines.append(line)
-                if found := check(line):
-                    return found
-
-    async def stop(self) -> str:
-        """SIGTERM, then wait for the exit; returns the rest of stderr."""
-        assert self.process.stderr is not None
-        self.process.send_signal(signal.SIGTERM)
-        async with asyncio.timeout(30):
-            rest = (await self.process.stderr.read()).decode()
-            await self.process.wait()
-        return rest
-
-
 @pytest.fixture
 async def run_aggregator() -> AsyncIterator[Callable[..., Any]]:
     started: list[asyncio.subprocess.Process] = []
 
-    async def start(*flags: str) -> tuple[Process, int]:
+    async def start(*flags: str) -> tuple[StderrLines, int]:
         environ = {k: v for k, v in os.environ.items() if not k.startswith("SERVE_HEALTH_")}
         process = await asyncio.create_subprocess_exec(
             sys.executable,
@@ -148,7 +119,7 @@ async def run_aggregator() -> AsyncIterator[Callable[..., Any]]:
             stderr=asyncio.subprocess.PIPE,
         )
         started.append(process)
-        wrapped = Process(process)
+        wrapped = StderrLines(process)
         match = await wrapped.line_where(LISTENING.search)
         return wrapped, int(match.group(1))
 
