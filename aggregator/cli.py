@@ -34,7 +34,9 @@ async def run(settings: AggregatorFlags) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     aggregator = build_aggregator(settings)
-    await aggregator.start()
+    # Returns once the port is open: the first pod list (retried while the Kubernetes API does
+    # not answer) and the election go on in the background, and a SIGTERM meanwhile ends them.
+    await aggregator.open()
     waiters = (
         asyncio.create_task(stop.wait(), name="signals"),
         asyncio.create_task(aggregator.wait(), name="aggregator"),

@@ -9,17 +9,16 @@ through the query methods at the end (nothing outside the tracker changes a pod 
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import logging
-from collections.abc import AsyncIterator, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol
 
-from aggregator.held_writes import SUSPECT_BAD, HeldWrites
+from aggregator.fleet_look import SUSPECT_BAD, OnLooked
 from aggregator.metrics import Metrics
-from aggregator.panic import PanicDetector
 from aggregator.registry import PodRegistry
+from aggregator.self_protection import ProtectionSettings, SelfProtection
 from aggregator.tracker import Observation, PodRecord, StateChange, Tracker
 from aggregator.transition_feed import TransitionFeed
 from servehealth_common.pod_identity import PodInfo, PodKey
@@ -39,13 +38,13 @@ class PullTrigger(Protocol):
 
     def pull_now(self, keys: Iterable[PodKey]) -> object: ...
 
+    def look(self, keys: Sequence[PodKey], on_looked: OnLooked) -> Callable[[], None]: ...
+
 
 @dataclass(frozen=True, slots=True)
 class CoreSettings:
-    #: How long a pod that turned UNHEALTHY or SILENT waits before it leaves service.
-    panic_settle: float = 0.0
-    #: PANIC needs at least this many suspect pods.
-    panic_min_pods: int = 3
+    #: When a suspect failure may take a pod out of service (PANIC).
+    protection: ProtectionSettings = field(default_factory=ProtectionSettings)
     #: With a backend that forgets departed pods (memory): how long a pod may stay SILENT
     #: before it is forgotten (its agent's stream is open but says nothing); 0: never.
     forget_silent_after: float = 30.0
@@ -68,15 +67,15 @@ class Core:
         tracker: Tracker,
         registry: PodRegistry,
         metrics: Metrics,
-        panic_detector: PanicDetector,
         pulls: PullTrigger,
         settings: CoreSettings,
     ) -> None:
         self._tracker = tracker
         self._registry = registry
         self._metrics = metrics
-        self._panic = panic_detector
-        self._held = HeldWrites(panic_detector, metrics, settings.panic_min_pods)
+        self._protection = SelfProtection(
+            tracker, pulls, registry.desire, metrics, settings.protection
+        )
         self._pulls = pulls
         self._settings = settings
         self._feed = TransitionFeed(metrics.watchers.set)
@@ -163,7 +162,7 @@ class Core:
         if key in self._tracker:
             log.info("pod %s deleted; forgetting it", key)
         self._tracker.forget(key)
-        self._held.drop(key)
+        self._protection.forget(key)
 
     def _forget(self, keys: list[PodKey], why: str) -> None:
         """Forget pods the registry cannot check on (memory backend); PANIC is re-judged."""
@@ -173,18 +172,19 @@ class Core:
             log.info("pod %s: %s; forgetting it (%s backend)", key, why, self._registry.name)
             self._tracker.forget(key)
             self._registry.forget(key)
-            self._held.drop(key)
-        self._update_panic()
+            self._protection.forget(key)
 
     def desired_label(self, key: PodKey) -> str | None:
-        record = self._tracker.get(key)
-        return record.desired_label if record is not None else None
+        """What the pod should carry (None: leave what it carries: not tracked, or its
+        removal is held by PANIC or awaits a look's verdict)."""
+        return self._protection.wanted(key)
 
     # -- time ---------------------------------------------------------------------------
 
     def expire(self) -> None:
         for transition in self._tracker.expire():
             self._apply(transition)
+        self._protection.tick()
         forget_after = self._settings.forget_silent_after
         if self._registry.forgets_departed and forget_after > 0:
             horizon = self._tracker.now() - forget_after
@@ -241,53 +241,24 @@ class Core:
         if transition.label_changed:
             self._metrics.label_changes.labels(new_label).inc()
         key = transition.key
-        was_bad, is_bad = transition.old in SUSPECT_BAD, transition.new in SUSPECT_BAD
-        if is_bad and not was_bad:
-            self._panic.turned_bad()
-        if is_bad != was_bad:
-            self._update_panic()
+        if (transition.old in SUSPECT_BAD) != (transition.new in SUSPECT_BAD):
+            self._protection.counts_changed()
         if transition.new is ServeState.SILENT and self._pulls.can_pull(key):
             self._pulls.pull_now([key])  # the label waits for what the pull finds
-        elif is_bad and new_label == "false" and self._panic_possible():
+        elif transition.new in SUSPECT_BAD and new_label == "false":
             # A timeout or a silence may be the first of many (the aggregator's own trouble):
-            # let a mass failure show itself before the pod leaves service.
-            loop = asyncio.get_running_loop()
-            loop.call_later(self._settings.panic_settle, self._settled, key, transition)
+            # self-protection looks at other pods before this one leaves service.
+            self._protection.remove(key, transition)
         else:
-            self._desire(key, new_label, transition)
+            self._protection.desire(key, new_label, transition)
         self._feed.publish(transition)
-
-    def _desire(self, key: PodKey, label: str, transition: StateChange | None = None) -> None:
-        """Ask the registry for ``label`` on ``key`` unless PANIC holds a removal (the
-        registry writes only what :func:`aggregator.write_rule.write_needed` calls for)."""
-        if self._held.holds(label):
-            self._held.hold(key)
-            return
-        self._held.drop(key)
-        self._registry.desire(key, label, transition)
-
-    def _panic_possible(self) -> bool:
-        """Whether waiting ``panic_settle`` could matter: a fleet too small to panic skips it."""
-        settings = self._settings
-        return settings.panic_settle > 0 and len(self._tracker) >= settings.panic_min_pods
-
-    def _settled(self, key: PodKey, transition: StateChange) -> None:
-        record = self._tracker.get(key)
-        if record is not None:
-            self._desire(key, record.desired_label, transition)
-
-    def _update_panic(self) -> None:
-        for key in self._held.judge(self._tracker.counts(), len(self._tracker)):
-            record = self._tracker.get(key)
-            if record is not None:
-                self._desire(key, record.desired_label)
 
     # -- what others may read -------------------------------------------------------------
 
     @property
     def panic(self) -> bool:
         """PANIC: writes that would take pods out of service are being held."""
-        return len(self._held) > 0
+        return self._protection.held > 0
 
     def now(self) -> float:
         """The tracker's clock (monotonic): the time base of every record."""
@@ -337,7 +308,7 @@ class Core:
             self.agents_connected,
             self.panic,
             self.pods_in_pull_mode(),
-            len(self._held),
+            self._protection.held,
         )
 
     def watch(self, namespace: str = "") -> AsyncIterator[StateChange]:

@@ -46,7 +46,7 @@ _AT_LEAST_ONE = (
     "pull_concurrency",
     "panic_min_pods",
 )
-#: max_connections 0: no limit; startup_grace 0: twice the TTL; panic_settle 0: no wait.
+#: max_connections 0: no limit; startup_grace 0: twice the TTL; panic_settle: deprecated.
 _NOT_NEGATIVE = ("max_connections", "startup_grace", "shutdown_grace", "panic_settle")
 
 
@@ -247,13 +247,14 @@ class AggregatorFlags:
     pull_concurrency: int = setting(256, "Pull probes in flight at most.")
     panic_threshold: float = setting(
         0.5,
-        "PANIC (hold every write that takes a pod out of service) when more than this share "
-        "of tracked pods turned UNHEALTHY or SILENT, most of them within one heartbeat TTL.",
+        "PANIC (hold every write that takes a pod out of service for a timeout or a silence) "
+        "when this share of tracked pods is UNHEALTHY or SILENT, seen in the tracker or by a "
+        "look at the pods in service; pods out for such failures never reach this share.",
     )
     panic_settle: float = setting(
-        1.0,
-        "How long a pod that turned UNHEALTHY or SILENT waits before it leaves service, so a "
-        "mass failure shows itself first; 0 disables the wait.",
+        0.0,
+        "Deprecated and ignored: a pod that turns UNHEALTHY or SILENT no longer waits; the "
+        "aggregator looks at other pods instead (README, Self-protection).",
         duration=True,
     )
     panic_min_pods: int = setting(

@@ -149,6 +149,19 @@ class Metrics:
             "Writes that would take a pod out of service, held by PANIC now.",
             registry=r,
         )
+        self.panic_looks = Counter(
+            f"{PREFIX}_panic_looks",
+            "Looks at a sample of pods in service, after a suspect failure or before PANIC ends, "
+            "by verdict (lone: few pods fail; mass: too many fail at once).",
+            ["verdict"],
+            registry=r,
+        )
+        self.panic_restored = Counter(
+            f"{PREFIX}_panic_restored",
+            "Pods put back in service when PANIC began: a suspect failure had taken them out "
+            "within one pull interval before it (the first signs of the mass failure).",
+            registry=r,
+        )
         self.leader = Gauge(
             f"{PREFIX}_leader",
             "1 while this replica leads (accepts reports, writes to the API), 0 as a standby; "

@@ -5,8 +5,10 @@ When: at once for every pod of an agent whose stream closed; for a pod whose age
 never go SILENT while their proxy answers; every ``pull_interval`` for pods that never had an
 agent (pure-pull mode). How: GET the pod's ``http://<podIP>:<serve port>/-/healthz`` (and
 ``/-/routes``), classified exactly as the agent does (one shared module), a failure confirmed
-by a second probe, with ``pull_timeout`` per probe and at most ``pull_concurrency`` in flight
-over one keep-alive HTTP client (``servehealth_common.http``). Never one after another.
+by a second probe (a hung pod by a hedged one that goes unanswered too: one ``pull_timeout``
+in all, when a concurrency slot is free for the hedge), with ``pull_timeout`` per probe and at
+most ``pull_concurrency`` in flight over one keep-alive HTTP client
+(``servehealth_common.http``). Never one after another.
 """
 
 from __future__ import annotations
@@ -15,16 +17,17 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from aggregator.fleet_look import OnLooked
 from aggregator.metrics import Metrics
 from aggregator.tracker import Observation, PodRecord
 from servehealth_common.http import HTTPClient
 from servehealth_common.pod_identity import PodKey
 from servehealth_common.probe import Prober, ProbeResult, make_session
-from servehealth_common.states import Source
+from servehealth_common.states import ServeState, Source
 
 if TYPE_CHECKING:
     from aggregator.core import Core
@@ -70,6 +73,7 @@ class Puller:
         self._prober: Prober | None = None
         self._loop: asyncio.Task[None] | None = None
         self._in_flight: dict[PodKey, asyncio.Task[None]] = {}
+        self._looks: set[asyncio.Task[None]] = set()
 
     # -- what the core asks (PullTrigger) -----------------------------------------------
 
@@ -96,6 +100,41 @@ class Puller:
                 self._in_flight[key] = task
                 started.append(task)
         return started
+
+    def look(self, keys: Sequence[PodKey], on_looked: OnLooked) -> Callable[[], None]:
+        """Probe each of ``keys`` at once for self-protection (:mod:`aggregator.fleet_look`);
+        a pod no agent speaks for counts as pulled too. Returns a canceller."""
+        tasks: list[asyncio.Task[None]] = []
+        for key in keys:
+            task = asyncio.create_task(self._look_at(key, on_looked), name=f"look {key}")
+            self._looks.add(task)
+            task.add_done_callback(self._looks.discard)
+            tasks.append(task)
+
+        def cancel() -> None:
+            for task in tasks:
+                task.cancel()
+
+        return cancel
+
+    async def _look_at(self, key: PodKey, on_looked: OnLooked) -> None:
+        core, prober, url = self._core, self._prober, self.url(key)
+        if core is None or prober is None or url is None:
+            on_looked(key, ServeState.UNKNOWN)  # nothing to look at: answered, not failing
+            return
+        state = ServeState.UNKNOWN
+        try:
+            record = core.pod(key)
+            started = self._clock()
+            previous = record.state if record is not None else None
+            result = await prober.probe_confirmed(url, previous, self.settings.confirm_delay)
+            self._record(result)
+            state = result.state
+            if record is not None and not core.agent_speaks(record, self._clock()):
+                core.pulled(key, observation(result), started)
+        except Exception:  # one pod's surprise must not stop the look
+            log.exception("look at pod %s failed", key)
+        on_looked(key, state)
 
     # -- the work -----------------------------------------------------------------------
 
@@ -152,9 +191,10 @@ class Puller:
             loop.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await loop
-        for task in list(self._in_flight.values()):
+        tasks = [*self._in_flight.values(), *self._looks]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._in_flight.values(), return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         if self._session is not None:
             await self._session.close()
         self._session = self._prober = None

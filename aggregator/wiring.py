@@ -35,10 +35,10 @@ from aggregator.kube.registry import KubeRegistry, KubeSettings
 from aggregator.leader import ElectionSettings
 from aggregator.lifecycle import Lifecycle
 from aggregator.metrics import Metrics
-from aggregator.panic import PanicDetector
 from aggregator.puller import Puller, PullSettings
 from aggregator.registry import MemoryRegistry, PodRegistry
 from aggregator.report_service import ReportService, ReportSettings
+from aggregator.self_protection import ProtectionSettings
 from aggregator.server import Aggregator, Election, PortSettings
 from aggregator.tracker import Clock, Tracker, TrackerSettings
 from servehealth_common.config import split_host_port
@@ -68,8 +68,14 @@ def tracker_settings(flags: AggregatorFlags) -> TrackerSettings:
 
 def core_settings(flags: AggregatorFlags) -> CoreSettings:
     return CoreSettings(
-        panic_settle=flags.panic_settle,
-        panic_min_pods=flags.panic_min_pods,
+        protection=ProtectionSettings(
+            threshold=flags.panic_threshold,
+            min_pods=flags.panic_min_pods,
+            # A mass failure that develops within one pull interval shows itself within two
+            # (a pulled pod's failure is seen at its next pull, one timeout later): removals
+            # that came that soon before PANIC were its first signs.
+            restore_window=2 * flags.pull_interval + flags.pull_timeout,
+        ),
         # Memory backend only: a pod silent this long is forgotten (no watch, no pulls).
         forget_silent_after=10 * flags.heartbeat_ttl,
     )
@@ -276,7 +282,6 @@ def build_aggregator(
         Tracker(tracker_settings(flags), clock),
         registry,
         metrics,
-        PanicDetector(flags.panic_threshold, flags.heartbeat_ttl, clock),
         puller,
         core_settings(flags),
     )

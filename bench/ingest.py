@@ -499,7 +499,6 @@ def tracked_pod_bytes(count: int = 10_000) -> float:
 
     from aggregator.core import Core, CoreSettings
     from aggregator.metrics import Metrics
-    from aggregator.panic import PanicDetector
     from aggregator.puller import Puller, PullSettings
     from aggregator.registry import MemoryRegistry
     from aggregator.tracker import Observation, Tracker, TrackerSettings
@@ -510,7 +509,6 @@ def tracked_pod_bytes(count: int = 10_000) -> float:
         Tracker(TrackerSettings(), time.monotonic),
         MemoryRegistry(LABEL),
         Metrics("b"),
-        PanicDetector(0.5, 3.0, time.monotonic),
         Puller(PullSettings(5.0, 0.5, 256, 3.0), Metrics("p")),  # not started: pulls nothing
         CoreSettings(),
     )

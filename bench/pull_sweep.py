@@ -281,7 +281,6 @@ async def measure_ours(
             "pull_concurrency": settings.pull_concurrency,
             "confirm_delay_s": puller.settings.confirm_delay,
             "failure_threshold": settings.failure_threshold,
-            "panic_settle_s": settings.panic_settle,
         }
         keys = [PodKey(NAMESPACE, name) for name, _, _ in fleet.pods]
         missing = [key for key in keys if aggregator.core.pod(key) is None]
@@ -317,8 +316,8 @@ async def measure_ours(
                 flush=True,
             )
             # Let the label writes of the pods that turned UNHEALTHY happen between sweeps
-            # (after the panic settle), not during the next one.
-            await asyncio.sleep(settings.panic_settle + 0.5)
+            # (after self-protection's look), not during the next one.
+            await asyncio.sleep(0.5 + settings.pull_timeout)
             writer = getattr(aggregator.registry, "writer", None)
             deadline = time.monotonic() + 60
             while writer is not None and writer.pending and time.monotonic() < deadline:  # noqa: ASYNC110

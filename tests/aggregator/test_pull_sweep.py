@@ -139,7 +139,6 @@ async def test_a_full_sweep_of_500_pods_gives_each_its_state(
         # startup grace (and would wait an hour after it), so the sweep is alone.
         startup_grace=600,
         pull_interval=3600,
-        panic_settle=0,
         events=False,
     )
     puller = aggregator.puller

@@ -1,0 +1,122 @@
+"""Self-protection with the real programs (issue 12): a real aggregator process on the
+Kubernetes API emulator, real sidecar agent processes for some pods, the others pulled.
+
+Three quarters of the proxies hang at once, pushed and pulled alike: PANIC holds every removal
+(not one label ``false`` reaches the API, through two pull intervals); the proxies heal and
+PANIC ends with nothing written; then one proxy hangs alone and leaves service. The
+randomized trials with a simulated clock are in tests/unit/test_panic_trials.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from bench import harness
+from tests.conftest import eventually
+from tests.fakes import FakeServeProxy
+from tests.kube.emulator import KubeEmulator
+
+PODS = 12
+AGENTS = 4  # pods 0-3 have a sidecar agent; 4-11 are pulled
+HUNG = [0, 1, 2, 4, 5, 6, 7, 8, 9]  # 9 of 12 (75 %): 3 pushed, 6 pulled
+LABEL = "ray.io/serve"
+
+
+def removals(kube: KubeEmulator, since: int = 0) -> list[str]:
+    return [
+        call.name
+        for call in kube.requests("PATCH", since=since)
+        if (call.body or {}).get("metadata", {}).get("labels", {}).get(LABEL) == "false"
+    ]
+
+
+def labels(kube: KubeEmulator) -> list[str | None]:
+    return [kube.pod_labels("default", f"pod-{i}").get(LABEL) for i in range(PODS)]
+
+
+@pytest.fixture
+async def proxies() -> AsyncIterator[list[FakeServeProxy]]:
+    started = [await FakeServeProxy().start() for _ in range(PODS)]
+    try:
+        yield started
+    finally:
+        for proxy in started:
+            await proxy.stop()
+
+
+async def test_a_mass_hang_removes_no_pod_and_a_lone_one_leaves(
+    kube_emulator: KubeEmulator,
+    kubeconfig_path: Path,
+    proxies: list[FakeServeProxy],
+    tmp_path: Path,
+) -> None:
+    kube = kube_emulator
+    uids = [
+        kube.add_pod("default", f"pod-{i}", pod_ip="127.0.0.1", serve_port=proxy.port)["metadata"][
+            "uid"
+        ]
+        for i, proxy in enumerate(proxies)
+    ]
+    processes: list[harness.Process] = []
+    try:
+        aggregator = await asyncio.to_thread(
+            harness.start_aggregator,
+            tmp_path,
+            None,
+            ["--kube-backend", "kubernetes", "--kubeconfig", str(kubeconfig_path)],
+        )
+        processes.append(aggregator)
+        for i in range(AGENTS):
+            identity = harness.PodIdentity("default", f"pod-{i}", uids[i], "node-1")
+            processes.append(
+                await asyncio.to_thread(
+                    harness.start_agent,
+                    tmp_path,
+                    aggregator.address,
+                    proxies[i].port,
+                    identity,
+                    name=f"agent-{i}",
+                )
+            )
+        await kube.wait_until(lambda: labels(kube) == ["true"] * PODS, within=30)
+
+        async def metric(name: str) -> float:
+            port = aggregator.metrics_port
+            return await asyncio.to_thread(harness.metric_value, port, name) or 0.0
+
+        async def metric_is(name: str, value: float) -> bool:
+            return await metric(name) == value
+
+        mark = kube.checkpoint()
+        for i in HUNG:
+            proxies[i].hang = True
+        await eventually(lambda: metric_is("serve_health_panic_held_writes", len(HUNG)), 30)
+        # Two more pull intervals of probing (each pulled pod timed out twice more): nothing.
+        timeouts = 'serve_health_pull_probes_total{result="UNHEALTHY"}'
+        seen = await metric(timeouts)
+
+        async def two_more_pulls() -> bool:
+            return await metric(timeouts) >= seen + 2 * 6
+
+        await eventually(two_more_pulls, 30)
+        assert removals(kube, since=mark) == []
+        assert await metric("serve_health_panic") == 1
+
+        for i in HUNG:
+            proxies[i].set(proxies[i].healthz)  # answers again (and what was left hanging)
+        await eventually(lambda: metric_is("serve_health_panic", 0), 30)
+        assert removals(kube, since=mark) == []
+        assert labels(kube) == ["true"] * PODS
+
+        # A lone hang, pushed: out of service (how fast is bench.detection's to say).
+        proxies[3].hang = True
+        await kube.wait_until(lambda: labels(kube)[3] == "false", within=30)
+        assert removals(kube, since=mark) == ["pod-3"]
+        assert await metric("serve_health_panic") == 0
+    finally:
+        for process in reversed(processes):
+            await asyncio.to_thread(process.stop)
