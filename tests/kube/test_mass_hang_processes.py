@@ -10,7 +10,7 @@ randomized trials with a simulated clock are in tests/unit/test_panic_trials.py.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -97,14 +97,21 @@ async def test_a_mass_hang_removes_no_pod_and_a_lone_one_leaves(
         await eventually(lambda: metric_is("serve_health_panic_held_writes", len(HUNG)), 30)
         # Two more pull intervals of probing (each pulled pod timed out twice more): nothing.
         timeouts = 'serve_health_pull_probes_total{result="UNHEALTHY"}'
-        seen = await metric(timeouts)
 
-        async def two_more_pulls() -> bool:
-            return await metric(timeouts) >= seen + 2 * 6
+        def pulled_again(seen: float, rounds: int) -> Callable[[], Awaitable[bool]]:
+            async def done() -> bool:  # each pulled hung pod timed out ``rounds`` more times
+                return await metric(timeouts) >= seen + rounds * 6
 
-        await eventually(two_more_pulls, 30)
+            return done
+
+        await eventually(pulled_again(await metric(timeouts), 2), 30)
         assert removals(kube, since=mark) == []
         assert await metric("serve_health_panic") == 1
+        # A held pod changed by someone else (a watch event) is not "repaired" to false.
+        touched = kube.checkpoint()
+        kube.modify_pod("default", "pod-4", patch={"metadata": {"annotations": {"x": "y"}}})
+        await eventually(pulled_again(await metric(timeouts), 1), 30)
+        assert kube.requests("PATCH", since=touched) == []
 
         for i in HUNG:
             proxies[i].set(proxies[i].healthz)  # answers again (and what was left hanging)
