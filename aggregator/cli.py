@@ -33,10 +33,13 @@ async def run(settings: AggregatorFlags) -> int:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    if settings.panic_settle:
+        logging.getLogger("aggregator").warning(
+            "--panic-settle is deprecated and ignored: a pod that turns UNHEALTHY or SILENT "
+            "leaves service once a look at other pods shows the failure is not a mass one"
+        )
     aggregator = build_aggregator(settings)
-    # Returns once the port is open: the first pod list (retried while the Kubernetes API does
-    # not answer) and the election go on in the background, and a SIGTERM meanwhile ends them.
-    await aggregator.open()
+    await aggregator.start()
     waiters = (
         asyncio.create_task(stop.wait(), name="signals"),
         asyncio.create_task(aggregator.wait(), name="aggregator"),
