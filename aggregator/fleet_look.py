@@ -48,13 +48,15 @@ class LookVerdict(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Threshold:
-    """When failures are too many: ``share`` of the tracked pods, and at least ``min_pods``."""
+    """When failures are too many: ``share`` of the tracked pods, and at least ``min_pods``
+    (``--panic-threshold``, ``--panic-min-pods``); a share of 1 turns PANIC off."""
 
     share: float
     min_pods: int
 
     def reached(self, bad: float, tracked: int) -> bool:
-        return bad >= self.min_pods and tracked > 0 and bad >= self.share * tracked
+        """Whether ``bad`` of ``tracked`` pods is too many (never, with a share of 1)."""
+        return self.share < 1 and bad >= self.min_pods and bad >= self.share * tracked
 
 
 @dataclass
