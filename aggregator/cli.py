@@ -39,7 +39,9 @@ async def run(settings: AggregatorFlags) -> int:
             "leaves service once a look at other pods shows the failure is not a mass one"
         )
     aggregator = build_aggregator(settings)
-    await aggregator.start()
+    # Returns once the port is open: the first pod list (retried while the Kubernetes API does
+    # not answer) and the election go on in the background, and a SIGTERM meanwhile ends them.
+    await aggregator.open()
     waiters = (
         asyncio.create_task(stop.wait(), name="signals"),
         asyncio.create_task(aggregator.wait(), name="aggregator"),

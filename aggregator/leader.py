@@ -137,6 +137,9 @@ class LeaderElector:
         #: from here).
         self.renewed_at: float | None = None
         self._reported_leader: str | None = None
+        #: Failed Lease calls in a row, and the kind of the latest (logged once per kind).
+        self._failures = 0
+        self._failing = ""
 
     # -- state --------------------------------------------------------------------------
 
@@ -184,13 +187,15 @@ class LeaderElector:
             else:
                 self._observe(record, version)
                 self.renewed_at = started
+                self._answered()
                 return True
         # 2. Read it (create it if there is none).
         try:
             lease = await self._bounded(self.store.get(), call_timeout)
         except (APIError, TimeoutError) as error:
-            log.warning("cannot read lease %s: %s", describe, _why(error))
+            self._failed("read", error)
             return False
+        self._answered()
         if lease is None:
             record = LeaseRecord(self.identity, duration, now, now, 0)
             return await self._write(
@@ -238,11 +243,43 @@ class LeaderElector:
             log.info("lease %s %s", describe, conflict)
             return False
         except (APIError, TimeoutError) as error:
-            log.warning("cannot %s lease %s: %s", action, describe, _why(error))
+            self._failed(action, error)
             return False
         self._observe(record, version)
         self.renewed_at = started
         return True
+
+    def _failed(self, action: str, error: BaseException) -> None:
+        """A Lease call failed: a WARNING when failures start or change kind (HTTP status, no
+        answer, timeout), each repeat at debug level (a standby polls for as long as the API
+        server is away)."""
+        self._failures += 1
+        kind = f"cannot {action} lease {self.store.describe()}: {_kind(error)}"
+        if kind == self._failing:
+            log.debug("%s (%s; failed attempt %d)", kind, _why(error), self._failures)
+            return
+        was = f"; was: {self._failing}" if self._failing else ""
+        self._failing = kind
+        log.warning(
+            "cannot %s lease %s: %s (failed attempt %d%s; logged again when this changes or "
+            "ends, each attempt at debug level)",
+            action,
+            self.store.describe(),
+            _why(error),
+            self._failures,
+            was,
+        )
+
+    def _answered(self) -> None:
+        """A Lease call was answered: the end of the failures, if any (logged)."""
+        if self._failures:
+            log.info(
+                "lease %s answers again, after %d failed attempts (last: %s)",
+                self.store.describe(),
+                self._failures,
+                self._failing,
+            )
+        self._failures, self._failing = 0, ""
 
     @staticmethod
     async def _bounded(call: Coroutine[Any, Any, T], seconds: float) -> T:
@@ -353,3 +390,9 @@ class LeaderElector:
 
 def _why(error: BaseException) -> str:
     return str(error) or type(error).__name__
+
+
+def _kind(error: BaseException) -> str:
+    if isinstance(error, APIError):
+        return f"HTTP {error.status}" if error.status else "no answer"
+    return "no answer in time" if isinstance(error, TimeoutError) else type(error).__name__

@@ -14,9 +14,12 @@
         any phase but STOPPING/STOPPED ── SIGTERM, or after ───┴──────┴──> STOPPING ──> STOPPED
         stepping down
 
-Only LEADING accepts reports and writes to the API; STEPPING_DOWN stops every write, then the
-process stops and exits 1 (its Deployment restarts it as a standby). Modelled on Ray Serve's
-``proxy_state.py``: one method changes the phase, logs the change and refuses the impossible.
+The gRPC port opens in STARTING (without leader election: it lasts while the first pod list
+is retried, the Kubernetes API not answering yet) or in STANDBY (until the Lease is held and
+the pods are listed). Only LEADING accepts reports and writes to the API; STEPPING_DOWN stops
+every write, then the process stops and exits 1 (its Deployment restarts it as a standby).
+Modelled on Ray Serve's ``proxy_state.py``: one method changes the phase, logs the change and
+refuses the impossible.
 """
 
 from __future__ import annotations

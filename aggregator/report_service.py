@@ -46,8 +46,15 @@ REPORT_METHOD = "Report"
 STANDBY_MESSAGE = (
     "this aggregator is a standby (leader election): reports go to the leader; reconnect"
 )
+#: Why an aggregator refuses one before its first pod list succeeded (without leader election).
+STARTING_MESSAGE = (
+    "this aggregator is starting: it has not listed the pods from the Kubernetes API yet "
+    "(it retries until the API answers); reconnect"
+)
 #: Why a stopping (or stepping down) aggregator refuses one.
 SHUTDOWN_MESSAGE = "aggregator is shutting down; reconnect"
+#: Why a Report stream is refused (UNAVAILABLE) in each phase but LEADING.
+REFUSED_IN = {Phase.STARTING: STARTING_MESSAGE, Phase.STANDBY: STANDBY_MESSAGE}
 STATUS_OF = {
     Refusal.INVALID: grpc.StatusCode.INVALID_ARGUMENT,
     Refusal.NO_HELLO: grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -157,9 +164,8 @@ class ReportService:
         phase = self._phase()
         if phase is not Phase.LEADING:
             log.debug("refusing a report stream from %s: %s", context.peer(), phase.value)
-            waiting = phase in (Phase.STARTING, Phase.STANDBY)
             await context.abort(
-                grpc.StatusCode.UNAVAILABLE, STANDBY_MESSAGE if waiting else SHUTDOWN_MESSAGE
+                grpc.StatusCode.UNAVAILABLE, REFUSED_IN.get(phase, SHUTDOWN_MESSAGE)
             )
         # The stream is served in a task of its own so that a drain can end it with a
         # status (cancelling the handler itself would close it with no status at all).

@@ -3,11 +3,14 @@
 Every component arrives built (:mod:`aggregator.wiring`); this module only starts and stops
 them, in the order the phases (:mod:`aggregator.lifecycle`) call for:
 
-- without leader election: list the pods (seeding them from their labels), open the port,
-  lead (expiry and pulls run);
-- with it: open the port as a standby (NOT_SERVING, reports refused); once the Lease is held,
-  list the pods, start expiry and pulls, then serve reports (LEADING); on losing the Lease,
-  step down (stop every write first) and let the process exit 1.
+- the port opens first, whatever the Kubernetes API does: grpc.health.v1 answers ``liveness``
+  SERVING at once, and ``""`` and the Report service NOT_SERVING until this replica leads;
+- without leader election: list the pods (seeding them from their labels; the list is retried
+  with backoff for as long as it fails, reports refused meanwhile, STARTING), then lead
+  (expiry and pulls run, reports served, ``""`` SERVING);
+- with it: a standby (reports refused) until the Lease is held; then list the pods, start
+  expiry and pulls, and serve reports (LEADING); on losing the Lease, step down (stop every
+  write first) and let the process exit 1.
 """
 
 from __future__ import annotations
@@ -15,15 +18,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import socket
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from aggregator import __version__
+from aggregator.binding import add_grpc_port, host_port, start_metrics
 from aggregator.channel_options import GrpcServerSettings, server_options
 from aggregator.core import Core
 from aggregator.expiry import ExpiryLoop
@@ -40,7 +44,7 @@ from servehealth.v1 import servehealth_pb2 as pb
 from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
 from servehealth_common.config import split_host_port
 from servehealth_common.metrics_http import MetricsServer
-from servehealth_common.tls import ReloadingServerCertificate, server_credentials
+from servehealth_common.tls import ReloadingServerCertificate
 
 log = logging.getLogger(__name__)
 
@@ -52,11 +56,13 @@ SERVICE_NAMES = (
     pb.DESCRIPTOR.services_by_name["InspectionService"].full_name,
     health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
 )
-#: grpc.health.v1 names that only the leader serves (with --leader-elect): the Service's
-#: readiness probe asks for "", so a standby gets no agents.
+#: grpc.health.v1 names SERVING only while this replica leads (pods listed; with
+#: --leader-elect, the Lease held): the Service's readiness probe asks for "", so neither a
+#: standby nor a replica still waiting for its first pod list gets agents.
 LEADER_ONLY = ("", SERVICE_NAMES[0])
-#: A grpc.health.v1 name SERVING for as long as the process runs, leader or standby: for the
-#: liveness and startup probes (a standby must not be restarted for being a standby).
+#: A grpc.health.v1 name SERVING for as long as the process runs, leader, standby or waiting
+#: for the Kubernetes API: for the liveness and startup probes (a replica must not be restarted
+#: for being a standby, or for an API server that does not answer yet).
 LIVENESS = "liveness"
 
 
@@ -84,7 +90,8 @@ class Election:
 
 
 class Aggregator:
-    """One aggregator process: ``await start()``, then ``await stop()`` (which drains)."""
+    """One aggregator process: ``await start()`` (or ``open()``, which does not wait for the
+    first pod list), then ``await stop()`` (which drains)."""
 
     def __init__(
         self,
@@ -122,18 +129,35 @@ class Aggregator:
         self._server: grpc.aio.Server | None = None
         self._finished = asyncio.Event()
         self._electing: asyncio.Task[None] | None = None
+        #: Without leader election: the first pod list, then leading (stop() may cancel it).
+        self._syncing: asyncio.Task[None] | None = None
+        #: Why leading failed without leader election (a bug; see _lead_at_once).
+        self._failed: str | None = None
 
     @property
     def lost(self) -> str | None:
-        """Why leadership was lost (None while it was not): the process should exit 1."""
-        return self.lifecycle.step_down_reason
+        """Why leadership was lost, or never began (None while neither): the process should
+        exit 1."""
+        return self.lifecycle.step_down_reason or self._failed
 
     async def start(self) -> None:
-        """Serve; see the module's docstring for the order. Both ports are bound before the gRPC
-        server starts. A start that fails (OSError "cannot listen on ..." for a port that cannot
-        be bound) stops what it had started, then raises: nothing is left to a closed loop."""
+        """:meth:`open`, then, without leader election, wait until this replica leads (its
+        first pod list succeeded), or :meth:`stop` ended that wait, or leading failed
+        (:attr:`lost` says why). With leader election it returns as soon as the port is open."""
+        await self._or_stop(self._start())
+
+    async def open(self) -> None:
+        """Bind both ports (both before the gRPC server starts) and serve grpc.health.v1
+        (``liveness`` SERVING, ``""`` NOT_SERVING), inspection and reflection; then become the
+        leader in the background (see the module's docstring). Reports are refused until then."""
+        await self._or_stop(self._open())
+
+    async def _or_stop(self, starting: Coroutine[Any, Any, None]) -> None:
+        """A start that fails (OSError "cannot listen on ..." for a port that cannot be bound)
+        or is cancelled stops what it had started, then raises: nothing is left to a closed
+        loop."""
         try:
-            await self._start()
+            await starting
         except BaseException:
             try:
                 await self.stop("start failed: stopping what was started")
@@ -142,67 +166,42 @@ class Aggregator:
             raise
 
     async def _start(self) -> None:
-        if self.election is None:
-            await self._start_registry()
-            self.lifecycle.move_to(Phase.LEADING, "no leader election: this replica leads")
-        server = self._server = grpc.aio.server(options=server_options(self._settings.grpc))
+        await self._open()
+        if self._syncing is not None:
+            await asyncio.wait((self._syncing,))  # also ends when stop() cancels it
+
+    async def _open(self) -> None:
+        settings = self._settings
+        server = self._server = grpc.aio.server(options=server_options(settings.grpc))
         self._reports.register(server)  # undecodable messages: INVALID_ARGUMENT, not INTERNAL
         pb_grpc.add_InspectionServiceServicer_to_server(self._inspection, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection((*SERVICE_NAMES, reflection.SERVICE_NAME), server)
-        self.port = await self._add_port(server)
+        self.port, self._tls = await add_grpc_port(
+            server, settings.listen, settings.tls_cert, settings.tls_key, settings.tls_client_ca
+        )
         if self.metrics_server is not None:
-            await self._start_metrics(self.metrics_server)
-        standby = self.election is not None
-        if standby:  # before the port opens: no stream slips through
+            await start_metrics(self.metrics_server)
+        if self.election is not None:  # before the port opens: no stream slips through
             self.lifecycle.move_to(Phase.STANDBY, "leader election: waiting for the Lease")
-        await server.start()
+        # Until this replica leads: NOT_SERVING for "" and reports (STARTING or STANDBY
+        # refuse them), SERVING for liveness (the kubelet must not restart it for waiting).
         for name in ("", *SERVICE_NAMES, LIVENESS):
-            serving = not (standby and name in LEADER_ONLY)
-            await self.health.set(name, SERVING if serving else NOT_SERVING)
-        if self.election is None:
-            self.metrics.leader.set(1)
-            self._start_leader_tasks()
-        else:
-            self._electing = asyncio.create_task(self._lead(), name="leader-election")
+            await self.health.set(name, NOT_SERVING if name in LEADER_ONLY else SERVING)
+        await server.start()
         self._log_start()
-
-    async def _add_port(self, server: grpc.aio.Server) -> int:
-        """Bind the gRPC port; OSError naming the address and why it cannot be bound. Asked
-        of the socket layer first: gRPC's own failure says only "Failed to bind to address",
-        and writes a log line of its own."""
-        settings = self._settings
-        host, port = split_host_port(settings.listen)
-        if problem := await _bind_problem(host, port):
-            raise _cannot_listen(settings.listen, "--listen", problem)
-        address = _host_port(host, port)
-        try:
-            if not settings.tls_cert:
-                return server.add_insecure_port(address)
-            credentials, self._tls = server_credentials(
-                settings.tls_cert, settings.tls_key, settings.tls_client_ca
-            )
-            return server.add_secure_port(address, credentials)
-        except RuntimeError:  # "Failed to bind": taken since, or credentials gRPC refused
-            tls = " with the files of --tls-cert and --tls-key" if settings.tls_cert else ""
-        raise _cannot_listen(settings.listen, "--listen", f"gRPC failed to bind it{tls}")
-
-    @staticmethod
-    async def _start_metrics(metrics_server: MetricsServer) -> None:
-        try:
-            await metrics_server.start()
-        except OSError as error:
-            host, port = metrics_server.settings.host, metrics_server.settings.port
-            reason = _why(error, host)
-            raise _cannot_listen(_host_port(host, port), "--metrics-listen", reason) from None
+        if self.election is not None:
+            self._electing = asyncio.create_task(self._lead(), name="leader-election")
+        else:
+            self._syncing = asyncio.create_task(self._lead_at_once(), name="first-pod-list")
 
     def _log_start(self) -> None:
         settings = self._settings
-        metrics = _host_port(*self.metrics_server.address) if self.metrics_server else "off"
+        metrics = host_port(*self.metrics_server.address) if self.metrics_server else "off"
         log.info(
             "aggregator %s listening on %s (%s, metrics %s), backend %s, label %s",
             __version__,
-            _host_port(split_host_port(settings.listen)[0], self.port),
+            host_port(split_host_port(settings.listen)[0], self.port),
             ("mutual TLS" if settings.tls_client_ca else "TLS")
             if settings.tls_cert
             else "plaintext",
@@ -234,6 +233,19 @@ class Aggregator:
         await self._expiry.stop()
         await self.puller.stop()
 
+    async def _lead_at_once(self) -> None:
+        """Without leader election: list the pods (retried for as long as the API fails:
+        :meth:`~servehealth_common.kube.watch.PodWatch.list_all`), then lead. Any other
+        failure (a bug) ends :meth:`wait`, :attr:`lost` saying why: the process exits 1 rather
+        than stay up and never serve."""
+        listed = "; pods listed" if self.registry.seeds_from_cluster else ""
+        try:
+            await self._take_over(f"no leader election: this replica leads{listed}")
+        except Exception as error:
+            log.exception("could not start leading")
+            self._failed = f"could not start leading: {error!r}"
+            self._finished.set()
+
     async def _lead(self) -> None:
         """A standby until this replica holds the Lease; then the leader until it loses it
         (the renew deadline passed, or another holder took it): then it steps down and
@@ -257,7 +269,9 @@ class Aggregator:
             "leader election: %s leads; taking over from the labels pods carry", elector.identity
         )
         holding = asyncio.create_task(elector.hold(), name="lease-renewal")
-        taking_over = asyncio.create_task(self._take_over(), name="take-over")
+        taking_over = asyncio.create_task(
+            self._take_over("holding the Lease; pods listed"), name="take-over"
+        )
         try:
             await asyncio.wait((holding, taking_over), return_when=asyncio.FIRST_COMPLETED)
             if holding.done():
@@ -271,10 +285,14 @@ class Aggregator:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
 
-    async def _take_over(self) -> None:
+    async def _take_over(self, why: str) -> None:
+        """List the pods (retried until the API answers), then lead: expiry, pulls, reports,
+        ``""`` SERVING."""
         await self._start_registry()
         self._start_leader_tasks()
-        self.lifecycle.move_to(Phase.LEADING, "holding the Lease; pods listed")
+        self.lifecycle.move_to(Phase.LEADING, why)
+        if self.election is None:
+            self.metrics.leader.set(1)
         for name in LEADER_ONLY:
             await self.health.set(name, SERVING)
         log.info("leader: serving, %d pods tracked", self.core.tracked())
@@ -311,10 +329,13 @@ class Aggregator:
         if self.lifecycle.stopping():
             return
         self.lifecycle.move_to(Phase.STOPPING, why)
-        if self._electing is not None:  # first: no take-over may start anything from now on
-            self._electing.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):  # logged there
-                await self._electing
+        # First: no take-over may start anything from now on (a first pod list still retrying
+        # ends here, and start() returns).
+        for task in (self._electing, self._syncing):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):  # logged there
+                    await task
         await self.health.enter_graceful_shutdown()
         self.core.close_watchers()
         self._reports.close_streams()
@@ -346,45 +367,3 @@ class Aggregator:
         """Until :meth:`stop` ran, or leadership was lost (:attr:`lost` says why; then call
         :meth:`stop` and exit non-zero)."""
         await self._finished.wait()
-
-
-# -- binding ------------------------------------------------------------------------------
-
-
-def _host_port(host: str, port: int) -> str:
-    """``127.0.0.1:50051``, ``[::1]:50051``: an IPv6 address in brackets."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def _cannot_listen(address: str, flag: str, reason: str) -> OSError:
-    return OSError(f"cannot listen on {address} ({flag}): {reason}")
-
-
-def _why(error: OSError, host: str) -> str:
-    """Why ``error`` happened, readable: address already in use, cannot resolve 'x' (...)."""
-    if isinstance(error, socket.gaierror):
-        return f"cannot resolve {host!r} ({error.strerror})"
-    if error.errno:
-        return os.strerror(error.errno).lower()
-    return str(error)
-
-
-async def _bind_problem(host: str, port: int) -> str | None:
-    """Why no address ``host`` resolves to can be bound at ``port``; None when one can (gRPC
-    binds every address it can, and fails only when none)."""
-    loop = asyncio.get_running_loop()
-    try:
-        found = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except socket.gaierror as error:
-        return _why(error, host)
-    problems: list[str] = []
-    for family, kind, protocol, _, address in found:
-        with socket.socket(family, kind, protocol) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC does
-            try:
-                probe.bind(address)
-            except OSError as error:
-                problems.append(_why(error, host))
-                continue
-        return None
-    return problems[0] if problems else f"{host!r} resolves to no address"

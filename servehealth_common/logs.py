@@ -117,3 +117,9 @@ def setup(level: str, log_format: str, stream: TextIO | None = None) -> None:
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper())
+    # urllib3 (under the kubernetes client) logs a WARNING for each of its own connection
+    # retries: three lines per failed Kubernetes API call while the API server is unreachable.
+    # Our callers log the failure those retries end in, once per condition; the per-retry lines
+    # are shown only at debug level.
+    quiet = root.getEffectiveLevel() > logging.DEBUG
+    logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR if quiet else logging.NOTSET)

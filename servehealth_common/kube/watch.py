@@ -73,16 +73,23 @@ class PodWatch(Generic[P]):
         await self.watch_forever()
 
     async def list_all(self) -> None:
-        """The initial list of every scope, retried until it succeeds."""
+        """The initial list of every scope, retried until it succeeds (whatever the error: an
+        API server that does not answer yet, a 5xx, a 403 until RBAC is fixed), with capped
+        exponential backoff and full jitter (up to 0.5 s, 1 s, 2 s ... 10 s). Logged as a
+        condition: a WARNING when the failures start and when they change (another HTTP
+        status, or no answer), each repeat at debug level with its attempt number, and the
+        list that succeeds says after how many failed attempts."""
+        loop = asyncio.get_running_loop()
         for scope in self._scopes:
             backoff = Backoff(base=0.5, cap=10)
+            failures = _ListFailures(f"initial pod list ({self._describe(scope)})", loop.time)
             while True:
                 try:
-                    await self._relist(scope)
+                    await self._relist(scope, failures.ended())
                     break
                 except APIError as error:
                     delay = backoff.next()
-                    log.error("initial pod list failed: %s (retrying in %.1fs)", error, delay)
+                    failures.failed(error, delay)
                     await asyncio.sleep(delay)
 
     async def watch_forever(self) -> None:
@@ -99,7 +106,7 @@ class PodWatch(Generic[P]):
         fields = f", fields {self._field_selector!r}" if self._field_selector else ""
         return f"{where}, selector {self._selector!r}{fields}"
 
-    async def _relist(self, scope: str | None) -> None:
+    async def _relist(self, scope: str | None, after: str = "") -> None:
         items, version = await self._client.list_pods(scope, self._selector, self._field_selector)
         seen: dict[Hashable, P] = {}
         for item in items:
@@ -112,7 +119,11 @@ class PodWatch(Generic[P]):
         self._known[scope] = seen
         self._versions[scope] = version
         log.info(
-            "listed %d pods (%s) at resourceVersion %s", len(items), self._describe(scope), version
+            "listed %d pods (%s) at resourceVersion %s%s",
+            len(items),
+            self._describe(scope),
+            version,
+            after,
         )
 
     async def _watch_scope(self, scope: str | None) -> None:
@@ -189,6 +200,65 @@ class PodWatch(Generic[P]):
             if isinstance(item, BaseException):
                 raise item
             yield item
+
+
+def _condition(error: APIError) -> str:
+    """What kind of failure ``error`` is: its HTTP status, or no answer at all."""
+    return f"HTTP {error.status}" if error.status else "no answer"
+
+
+def _attempts(number: int) -> str:
+    return f"{number} failed attempt{'' if number == 1 else 's'}"
+
+
+class _ListFailures:
+    """The failed attempts of one retried list, logged as a condition (client-go's klog
+    style): a WARNING when it starts and when it changes, each repeat at debug level."""
+
+    def __init__(self, what: str, clock: Callable[[], float]) -> None:
+        self._what, self._clock = what, clock
+        self._condition = ""
+        self._since = self._started = 0.0
+        self._attempts = self._total = 0
+
+    def failed(self, error: APIError, retry_in: float) -> None:
+        now, condition = self._clock(), _condition(error)
+        self._total += 1
+        if condition == self._condition:
+            self._attempts += 1
+            log.debug(
+                "%s failed again: %s (attempt %d, %s for %.1fs; retrying in %.1fs)",
+                self._what,
+                error,
+                self._total,
+                condition,
+                now - self._since,
+                retry_in,
+            )
+            return
+        was = ""
+        if self._condition:
+            was = f"; was {self._condition}: {_attempts(self._attempts)} in "
+            was += f"{now - self._since:.1f}s"
+        else:
+            self._started = now
+        self._condition, self._since, self._attempts = condition, now, 1
+        log.warning(
+            "%s failed: %s (attempt %d%s); retrying with backoff, next in %.1fs (logged again "
+            "when this changes or ends; each attempt at debug level)",
+            self._what,
+            error,
+            self._total,
+            was,
+            retry_in,
+        )
+
+    def ended(self) -> str:
+        """The end of the phrase of a list that succeeds: after how many failures, if any."""
+        if not self._total:
+            return ""
+        elapsed = self._clock() - self._started
+        return f", after {_attempts(self._total)} in {elapsed:.1f}s (last: {self._condition})"
 
 
 def _wrap_for_loop(error: BaseException) -> BaseException:

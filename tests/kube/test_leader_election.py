@@ -334,7 +334,7 @@ async def test_a_graceful_stop_hands_over_at_once(
 
 
 async def test_a_leader_that_loses_the_lease_stops_writing_and_says_why(
-    kube_emulator: KubeEmulator, start_kube: StartAggregator
+    kube_emulator: KubeEmulator, start_kube: StartAggregator, make_elector: MakeElector
 ) -> None:
     serve_pods(kube_emulator)
     leader = await start_kube(**ELECTION)
@@ -348,8 +348,15 @@ async def test_a_leader_that_loses_the_lease_stops_writing_and_says_why(
     assert gauge(leader, "serve_health_leader") == 0
     assert gauge(leader, "serve_health_lease_renew_failures_total") >= 2
     kube_emulator.clear_faults()
-    # Nothing watches or writes any more: a label changed now is left alone.
+    # Nothing watches or writes any more: a label changed now is left alone (a leader would
+    # put "true" back at once), until another candidate may take over. That candidate's
+    # Lease requests are the clock: it takes the Lease over once it has seen it unchanged for
+    # a lease duration.
     mark = kube_emulator.checkpoint()
     kube_emulator.modify_pod("ray", "ray-worker-0", labels={"ray.io/serve": "false"})
-    await asyncio.sleep(1.0)
+    successor = make_elector("successor")
+    await asyncio.wait_for(successor.acquire(), 10)
+    assert holder(kube_emulator) == "successor"
+    assert span(kube_emulator.requests(resource=LEASES, since=mark)) >= TIMINGS.lease_duration
     assert kube_emulator.requests(resource=PODS, since=mark) == []
+    assert kube_emulator.pod_labels("ray", "ray-worker-0")["ray.io/serve"] == "false"
