@@ -162,13 +162,14 @@ async def test_a_full_sweep_of_500_pods_gives_each_its_state(
             wrong[pod.name] = (pod.expected.name, record.state.name, record.source, record.reason)
     assert not wrong, f"{len(wrong)} pods in the wrong state: {dict(list(wrong.items())[:5])}"
     # A hung proxy was asked twice: its first failure was confirmed by a second probe. A serving
-    # one answered /-/healthz and /-/routes, twice over if a probe of it timed out on a busy loop
-    # (the confirmation is what keeps such a pod SERVING).
+    # one answered /-/healthz and /-/routes at least once (more if a probe of it timed out on a
+    # busy loop, and once more for each look at the pods in service that a new UNHEALTHY pod
+    # started: self-protection's, up to 100 pods each).
     asked = {pod.name: pod.proxy.requests for pod in pods if pod.proxy is not None}
     hung = [asked[pod.name] for pod in pods if pod.expected is ServeState.UNHEALTHY]
     assert hung == [2] * len(hung), hung
     serving = [asked[pod.name] for pod in pods if pod.expected is ServeState.SERVING]
-    assert set(serving) <= {2, 3, 4}, sorted(set(serving))
+    assert min(serving) >= 2, sorted(set(serving))
     print(f"serving pods probed twice (first probe timed out): {sum(n > 2 for n in serving)}")
 
 
