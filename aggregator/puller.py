@@ -6,9 +6,10 @@ never go SILENT while their proxy answers; every ``pull_interval`` for pods that
 agent (pure-pull mode). How: GET the pod's ``http://<podIP>:<serve port>/-/healthz`` (and
 ``/-/routes``), classified exactly as the agent does (one shared module), a failure confirmed
 by a second probe (a hung pod by a hedged one that goes unanswered too: one ``pull_timeout``
-in all, when a concurrency slot is free for the hedge), with ``pull_timeout`` per probe and at
-most ``pull_concurrency`` in flight over one keep-alive HTTP client
-(``servehealth_common.http``). Never one after another.
+in all, unless the hedge waited for a concurrency slot or the event loop was too busy to tell;
+see ``Prober.probe_confirmed``), with ``pull_timeout`` per probe and at most
+``pull_concurrency`` in flight over one keep-alive HTTP client (``servehealth_common.http``).
+Never one after another.
 """
 
 from __future__ import annotations

@@ -92,9 +92,18 @@ class AgentFlags:
         "http://127.0.0.1:8000/-/healthz",
         "The Serve proxy's health URL; /-/routes on the same host confirms a healthy answer.",
     )
-    interval: float = setting(1.0, "How often each proxy is probed.", duration=True)
+    interval: float = setting(
+        0.75,
+        "How often each proxy is probed: at least one probe starts every interval (start to "
+        "start, jittered only shorter). A hang is known within interval + --probe-timeout; "
+        "750ms + 500ms leaves the aggregator's decision and label write room within 1.5s "
+        "(1s + 500ms would leave none).",
+        duration=True,
+    )
     probe_timeout: float = setting(
-        0.5, "Total time one probe (healthz and routes) may take.", duration=True
+        0.5,
+        "Total time one probe (healthz and routes) may take; shorter than --interval.",
+        duration=True,
     )
     confirm_delay: float = setting(
         0.1, "After a first failure, re-probe this much later before reporting it.", duration=True

@@ -30,3 +30,9 @@ class Backoff:
 def jittered(interval: float, rng: random.Random, spread: float = 0.1) -> float:
     """``interval`` +/- ``spread`` (a fraction), so thousands of agents do not beat in step."""
     return interval * (1 + rng.uniform(-spread, spread))
+
+
+def jittered_below(interval: float, rng: random.Random, spread: float = 0.1) -> float:
+    """``interval`` shortened by up to ``spread`` (a fraction), never lengthened: for a period
+    that promises "at least once every ``interval``" and still does not beat in step."""
+    return interval * (1 - rng.uniform(0, spread))

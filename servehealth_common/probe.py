@@ -1,12 +1,13 @@
 """Probe a Ray Serve HTTP proxy over HTTP (an adapter of :mod:`http` around :mod:`classify`).
 
-Used by the node agent for its own pods and, as the pull fallback, by the aggregator.
+Used by the node agent for its own pods and, as the pull fallback, by the aggregator. A failure
+that would change the state is confirmed by a second probe (:meth:`Prober.probe_confirmed`);
+a hung proxy costs one probe timeout (a hedged second probe, unanswered too, confirms it).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,6 +18,11 @@ from servehealth_common.http import MAX_BODY_BYTES, HTTPClient, HTTPClientError
 from servehealth_common.states import ServeState
 
 __all__ = ["MAX_BODY_BYTES", "ProbeResult", "Prober", "make_session", "routes_url"]
+
+#: How late (after its deadline) a probe's timeout may be seen, by default, for an unanswered
+#: hedge to confirm a hang. Later, the event loop itself was busy (a pull sweep of thousands of
+#: pods, a starved CPU): answers may be waiting unread, so the hedge gets its own timeout.
+LOOP_LAG_TOLERANCE = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +35,30 @@ class ProbeResult:
     @property
     def serving(self) -> bool:
         return self.state is ServeState.SERVING
+
+
+@dataclass(slots=True)
+class _Attempt:
+    """When one probe began and ended (by the Prober's clock) and how its timeout went: what
+    :meth:`Prober.probe_confirmed` needs beyond the result to call a hang confirmed."""
+
+    started_at: float | None = None  # None: still waiting for a concurrency slot
+    ended_at: float | None = None
+    #: How long after its deadline the timeout was seen; None: the probe did not time out.
+    timeout_seen_late_by: float | None = None
+
+    def hang_confirmed_by(self, hedge: _Attempt, *, hedge_flight: float, lag: float) -> bool:
+        """Whether this probe timed out, seen at most ``lag`` late, while ``hedge`` had been
+        in flight for at least ``hedge_flight``: both went unanswered. A hedge that waited for
+        a concurrency slot has been asked too little, or nothing yet; a timeout seen late
+        means the event loop was too busy to tell an unanswered probe from an unread answer."""
+        return (
+            self.timeout_seen_late_by is not None
+            and self.timeout_seen_late_by <= lag
+            and self.ended_at is not None
+            and hedge.started_at is not None
+            and self.ended_at - hedge.started_at >= hedge_flight
+        )
 
 
 def routes_url(healthz_url: str) -> str:
@@ -47,7 +77,8 @@ class Prober:
     """Answers "what state is the proxy at this URL in?" within ``timeout`` seconds.
 
     With ``concurrency``, at most that many probes are in flight; a probe waiting for its turn
-    has not started yet (its timeout and latency begin when it does).
+    has not started yet (its timeout and latency begin when it does). ``loop_lag_tolerance``:
+    see :meth:`probe_confirmed`.
     """
 
     def __init__(
@@ -57,21 +88,27 @@ class Prober:
         clock: Callable[[], float] = time.monotonic,
         *,
         concurrency: int = 0,
+        loop_lag_tolerance: float = LOOP_LAG_TOLERANCE,
     ) -> None:
         self._session = session
         self._timeout = timeout
         self._clock = clock
         self._slots = asyncio.Semaphore(concurrency) if concurrency > 0 else None
+        self._loop_lag_tolerance = loop_lag_tolerance
 
     async def probe(self, healthz_url: str) -> ProbeResult:
-        if self._slots is None:
-            return await self._probe(healthz_url)
-        async with self._slots:
-            return await self._probe(healthz_url)
+        return await self._probe_in_turn(healthz_url, _Attempt())
 
-    async def _probe(self, healthz_url: str) -> ProbeResult:
-        started = self._clock()
+    async def _probe_in_turn(self, healthz_url: str, attempt: _Attempt) -> ProbeResult:
+        if self._slots is None:
+            return await self._probe(healthz_url, attempt)
+        async with self._slots:
+            return await self._probe(healthz_url, attempt)
+
+    async def _probe(self, healthz_url: str, attempt: _Attempt) -> ProbeResult:
+        started = attempt.started_at = self._clock()
         status = 0
+        timed_out = False
         try:
             async with asyncio.timeout(self._timeout):
                 status, body = await self._get(healthz_url)
@@ -84,40 +121,83 @@ class Prober:
                         status = routes_status
         except TimeoutError:  # before OSError, of which it is a subclass
             verdict = classify.timed_out(self._timeout)
+            timed_out = True
         except ConnectionRefusedError:
             verdict = classify.connection_refused()
         except (OSError, HTTPClientError) as error:
             verdict = classify.transport_error(error)
-        return ProbeResult(verdict.state, verdict.reason, status, self._clock() - started)
+        ended = attempt.ended_at = self._clock()
+        if timed_out:
+            attempt.timeout_seen_late_by = ended - (started + self._timeout)
+        return ProbeResult(verdict.state, verdict.reason, status, ended - started)
 
     async def probe_confirmed(
         self, healthz_url: str, previous: ServeState | None, confirm_delay: float
     ) -> ProbeResult:
-        """A probe whose failure, if it would change ``previous``, is confirmed by a second
-        probe started ``confirm_delay`` after the first (the second answer is the one that
-        counts). A first probe still unanswered by then gets its confirmation started at once
-        (hedged), so a hung proxy costs one timeout plus the delay, not two timeouts."""
-        first = asyncio.ensure_future(self.probe(healthz_url))
-        done, _ = await asyncio.wait((first,), timeout=confirm_delay)
+        """One probe; a failure that would change ``previous`` is confirmed by a second one.
+
+        A result that is ``SERVING`` or ``previous`` needs no confirmation. Otherwise:
+
+        - The first probe answered within ``confirm_delay``: the second starts
+          ``confirm_delay`` after that answer, and the second answer is the one that counts.
+        - The first is still unanswered at ``confirm_delay``: the second (hedged) starts at
+          once. If it has answered by the time the first fails, its answer counts. If it is
+          still unanswered when the first ends by its timeout, and it has been in flight for
+          ``timeout - confirm_delay`` (less ``loop_lag_tolerance``; not if it waited for a
+          concurrency slot), two probes went unanswered: the hang is confirmed, the first's
+          result is returned at once and the second is cancelled. In any other case (also
+          when the first's timeout was seen more than ``loop_lag_tolerance`` late: a busy
+          event loop, not the proxy, may have kept the answers) the second's answer is
+          awaited and counts.
+
+        So a hung proxy costs one probe timeout, not a timeout plus the delay (nor two).
+        """
+        first_attempt = _Attempt()
+        first = asyncio.ensure_future(self._probe_in_turn(healthz_url, first_attempt))
+        try:
+            done, _ = await asyncio.wait((first,), timeout=confirm_delay)
+        except BaseException:  # cancelled: no probe of this call outlives it
+            await _cancel(first)
+            raise
         if not done:
-            second = asyncio.ensure_future(self.probe(healthz_url))
-            try:
-                result = await first
-            except BaseException:
-                second.cancel()
-                raise
-            if result.serving or result.state is previous:
-                second.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await second
-                return result
-            return await second
+            return await self._hedged(healthz_url, previous, confirm_delay, first, first_attempt)
         result = first.result()
         if result.serving or result.state is previous:
             return result
         await asyncio.sleep(confirm_delay)
         return await self.probe(healthz_url)
 
+    async def _hedged(
+        self,
+        healthz_url: str,
+        previous: ServeState | None,
+        confirm_delay: float,
+        first: asyncio.Future[ProbeResult],
+        first_attempt: _Attempt,
+    ) -> ProbeResult:
+        """The rest of :meth:`probe_confirmed` once ``first`` outlived the confirm delay."""
+        hedge_attempt = _Attempt()
+        hedge = asyncio.ensure_future(self._probe_in_turn(healthz_url, hedge_attempt))
+        try:
+            result = await first
+        except BaseException:
+            await _cancel(hedge)
+            raise
+        lag = self._loop_lag_tolerance
+        hang_confirmed = not hedge.done() and first_attempt.hang_confirmed_by(
+            hedge_attempt, hedge_flight=self._timeout - confirm_delay - lag, lag=lag
+        )
+        if result.serving or result.state is previous or hang_confirmed:
+            await _cancel(hedge)
+            return result
+        return await hedge
+
     async def _get(self, url: str) -> tuple[int, str]:
         status, body = await self._session.get(url)
         return status, body.decode(errors="replace")
+
+
+async def _cancel(task: asyncio.Future[ProbeResult]) -> None:
+    """Cancel a probe whose answer is no longer needed and wait until it has ended."""
+    task.cancel()
+    await asyncio.wait((task,))

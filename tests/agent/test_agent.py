@@ -393,7 +393,7 @@ async def test_aggregator_settings_set_the_heartbeat_interval(
     )
     agent = make_agent(fake_proxy.url, aggregator=f"127.0.0.1:{aggregator.port}")
     stream = agent.stream
-    assert stream.heartbeat_interval == 1.0  # the probe interval until the aggregator speaks
+    assert stream.heartbeat_interval == 0.75  # --interval (default) until the aggregator speaks
     async with running(agent):
         await asyncio.wait_for(stream.connected.wait(), 10)
         assert stream.heartbeat_interval == pytest.approx(0.3)

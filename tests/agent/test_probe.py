@@ -1,17 +1,25 @@
-"""The ``Prober`` against real HTTP servers: one case per row of the classification table.
+"""The ``Prober`` against real HTTP servers: one case per row of the classification table, and
+the hedged confirmation of a hang.
 
 Every probe goes over real TCP on 127.0.0.1 to a ``FakeServeProxy`` (aiohttp), to a server that
 accepts and never answers, to one that hangs up, or to a port with nothing listening. Checks
 the state, the HTTP status and the reason of each result, and that a probe always returns within
-about its timeout.
+about its timeout. ``probe_confirmed`` on a proxy that leaves the first probe unanswered: a
+hedge unanswered too confirms the hang when the first times out (the hedge is cancelled, never
+awaited to its own timeout); a hedge that answered counts; a hedge still waiting for a
+concurrency slot confirms nothing, nor does one when the first's timeout was seen late (a
+stalled event loop, played by a clock that jumps). Which probe's result came back is read from
+the Prober's clock (the readings it took), not from wall-clock durations.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 from aiohttp import web
@@ -330,3 +338,171 @@ def test_routes_url() -> None:
     assert routes_url("http://127.0.0.1:8000/-/healthz") == "http://127.0.0.1:8000/-/routes"
     assert routes_url("https://[::1]:8443/-/healthz") == "https://[::1]:8443/-/routes"
     assert routes_url("http://host:8000/-/healthz?x=1") == "http://host:8000/-/routes"
+
+
+# -- probe_confirmed: the hedged confirmation of a hang --------------------------------------
+
+#: For the hedge tests: the hedge starts CONFIRM_DELAY into the first probe and would time out
+#: CONFIRM_DELAY after it, so the event loop may run that late before a test could misread.
+HEDGE_TIMEOUT = 0.5
+CONFIRM_DELAY = 0.25
+#: The Prober's loop_lag_tolerance in these tests: generous for a loaded test machine (the
+#: default is 50 ms); the guard itself is tested with a clock that stalls.
+LAG_TOLERANCE = 0.15
+
+
+@dataclass
+class HangsFirst(FakeServeProxy):
+    """Leaves its first ``unanswered`` requests hanging (until stopped) and answers the rest."""
+
+    unanswered: int = 1
+    arrived: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+
+    async def _answer(self, answer: tuple[int, str]) -> web.Response:
+        self.hang = self.requests < self.unanswered
+        self.arrived.set()
+        return await super()._answer(answer)
+
+
+@dataclass
+class RecordingClock:
+    """``time.monotonic`` that keeps every reading: a probe reads it when it starts and when
+    it ends, so the readings say which probes ended on their own. From reading number
+    ``stall_from`` on, every reading is ``stall`` seconds later (an event loop that stalled)."""
+
+    stall_from: int | None = None
+    stall: float = 0.0
+    readings: list[float] = field(default_factory=list)
+
+    def __call__(self) -> float:
+        stalled = self.stall_from is not None and len(self.readings) >= self.stall_from
+        self.readings.append(time.monotonic() + (self.stall if stalled else 0.0))
+        return self.readings[-1]
+
+
+def hedging_prober(session: HTTPClient, clock: RecordingClock | None = None) -> Prober:
+    return Prober(
+        session, HEDGE_TIMEOUT, clock or RecordingClock(), loop_lag_tolerance=LAG_TOLERANCE
+    )
+
+
+def running_probes() -> list[asyncio.Task[object]]:
+    return [
+        task
+        for task in asyncio.all_tasks()
+        if not task.done() and "Prober." in getattr(task.get_coro(), "__qualname__", "")
+    ]
+
+
+async def test_a_hang_is_confirmed_by_an_unanswered_hedge_after_one_timeout(
+    session: HTTPClient,
+) -> None:
+    clock = RecordingClock()
+    proxy = await FakeServeProxy(hang=True).start()
+    try:
+        result = await hedging_prober(session, clock).probe_confirmed(
+            proxy.url, ServeState.SERVING, CONFIRM_DELAY
+        )
+        assert running_probes() == []  # the hedge was cancelled before the call returned
+        assert proxy.requests == 2  # both probes asked, neither was answered
+    finally:
+        await proxy.stop()
+    assert result.state is ServeState.UNHEALTHY
+    assert result.reason == "No answer within 500 ms."
+    # Three readings: the first probe's start, the hedge's start, the first probe's end. The
+    # hedge never ended on its own (its timeout was not waited for): the result is the first's.
+    assert len(clock.readings) == 3
+    first_started, hedge_started, first_ended = clock.readings
+    assert result.latency == first_ended - first_started
+    assert hedge_started < first_ended
+
+
+@pytest.mark.parametrize(
+    "previous",
+    [
+        pytest.param(ServeState.SERVING, id="serving-stays-serving"),
+        pytest.param(ServeState.NOT_READY, id="not-ready-becomes-serving"),
+    ],
+)
+async def test_a_hedge_that_answered_healthy_counts(
+    session: HTTPClient, previous: ServeState
+) -> None:
+    clock = RecordingClock()
+    proxy = await HangsFirst().start()
+    try:
+        result = await hedging_prober(session, clock).probe_confirmed(
+            proxy.url, previous, CONFIRM_DELAY
+        )
+    finally:
+        await proxy.stop()
+    # The first probe timed out; the hedge had answered (healthz and routes) before that.
+    assert result.state is ServeState.SERVING
+    assert proxy.requests == 3
+    assert len(clock.readings) == 4  # both probes ended on their own
+
+
+async def test_a_hedge_that_answered_a_failure_counts(session: HTTPClient) -> None:
+    proxy = await HangsFirst(healthz=fakes.DRAINING).start()
+    try:
+        result = await hedging_prober(session).probe_confirmed(
+            proxy.url, ServeState.SERVING, CONFIRM_DELAY
+        )
+    finally:
+        await proxy.stop()
+    assert result.state is ServeState.DRAINING
+    assert result.reason == "This node is being drained."
+
+
+async def test_a_hedge_waiting_for_a_slot_confirms_nothing(session: HTTPClient) -> None:
+    """With one slot the hedge starts only when the first probe's timeout frees it: then it
+    has been asked nothing yet, so its own answer (here its own timeout) is awaited."""
+    clock = RecordingClock()
+    proxy = await FakeServeProxy(hang=True).start()
+    try:
+        prober = Prober(session, HANG_TIMEOUT, clock, concurrency=1)
+        result = await prober.probe_confirmed(proxy.url, ServeState.SERVING, HANG_TIMEOUT / 2)
+        assert proxy.requests == 2
+    finally:
+        await proxy.stop()
+    assert result.state is ServeState.UNHEALTHY
+    # Four readings: the first probe's start and end, then the hedge's start and end.
+    assert len(clock.readings) == 4
+    first_ended, hedge_started, hedge_ended = clock.readings[1:]
+    assert first_ended <= hedge_started
+    assert result.latency == hedge_ended - hedge_started
+
+
+async def test_a_timeout_seen_late_confirms_nothing(session: HTTPClient) -> None:
+    """The first probe's timeout is seen a second late (the clock jumps at its third reading,
+    the first probe's end): the loop was busy, answers may have waited unread, so the hedge
+    gets its own timeout and its result counts."""
+    clock = RecordingClock(stall_from=2, stall=1.0)
+    proxy = await FakeServeProxy(hang=True).start()
+    try:
+        result = await hedging_prober(session, clock).probe_confirmed(
+            proxy.url, ServeState.SERVING, CONFIRM_DELAY
+        )
+    finally:
+        await proxy.stop()
+    assert result.state is ServeState.UNHEALTHY
+    # Four readings: the first's start, the hedge's start, the first's end, the hedge's end.
+    assert len(clock.readings) == 4
+    _, hedge_started, _, hedge_ended = clock.readings
+    assert result.latency == hedge_ended - hedge_started
+
+
+async def test_a_cancelled_confirmation_leaves_no_probe_running(session: HTTPClient) -> None:
+    proxy = await HangsFirst(unanswered=2).start()
+    try:
+        prober = Prober(session, 30.0)  # no timeout ends a probe during the test
+        confirming = asyncio.create_task(
+            prober.probe_confirmed(proxy.url, ServeState.SERVING, 30.0)
+        )
+        await proxy.arrived.wait()
+        confirming.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await confirming
+        assert confirming.cancelled()
+        assert running_probes() == []
+    finally:
+        await proxy.stop()

@@ -57,7 +57,7 @@ def test_agent_defaults() -> None:
     settings = load_agent(AGGREGATOR_FLAG)
     assert settings == AgentFlags(aggregator="agg.example:50051")
     assert settings.proxy_url == "http://127.0.0.1:8000/-/healthz"
-    assert settings.interval == 1.0
+    assert settings.interval == 0.75
     assert settings.probe_timeout == 0.5
     assert settings.confirm_delay == 0.1
     assert settings.mode == "sidecar"
@@ -630,7 +630,8 @@ def test_describe_lists_every_field(cls: type) -> None:
     ("cls", "flag", "default"),
     [
         pytest.param(AgentFlags, "--aggregator", "(required)", id="agent-shown"),
-        pytest.param(AgentFlags, "--interval", "1s", id="agent-seconds"),
+        pytest.param(AgentFlags, "--connect-timeout", "5s", id="agent-seconds"),
+        pytest.param(AgentFlags, "--interval", "750ms", id="agent-interval"),
         pytest.param(AgentFlags, "--probe-timeout", "500ms", id="agent-milliseconds"),
         pytest.param(AgentFlags, "--confirm-delay", "100ms", id="agent-confirm"),
         pytest.param(AgentFlags, "--log-level", "info", id="agent-choice"),
