@@ -309,6 +309,51 @@ def start_agent(
     return process
 
 
+def spawn_daemonset_agent(
+    log_dir: Path,
+    aggregator_address: str,
+    kubeconfig: Path | str,
+    node_name: str,
+    *,
+    name: str = "agent",
+    extra_args: Sequence[str] = (),
+) -> Process:
+    """``python -m node_agent --mode daemonset`` for the Ray pods of ``node_name``, found with
+    ``kubeconfig`` (only ``NODE_NAME`` is set); returns at once. :func:`wait_connected` waits
+    until it is connected to the aggregator."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("SERVE_HEALTH_")}
+    env["NODE_NAME"] = node_name
+    return spawn(
+        name,
+        [
+            "-m",
+            "node_agent",
+            "--mode",
+            "daemonset",
+            "--kubeconfig",
+            str(kubeconfig),
+            "--aggregator",
+            aggregator_address,
+            "--interval",
+            AGENT_INTERVAL,
+            "--probe-timeout",
+            AGENT_PROBE_TIMEOUT,
+            *extra_args,
+        ],
+        log_dir / f"{name}.log",
+        env,
+    )
+
+
+def wait_connected(agent: Process, timeout: float = 20.0) -> None:
+    """Wait until ``agent`` logged that it is connected to the aggregator (stopped if not)."""
+    try:
+        agent.wait_for_log(_AGENT_CONNECTED, timeout)
+    except BaseException:
+        agent.stop()
+        raise
+
+
 # -- Ray Serve ----------------------------------------------------------------------------
 
 
