@@ -39,7 +39,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 T = TypeVar("T")
 
 #: The agent settings of the brief: probe every second, give one probe 500 ms.
-AGENT_INTERVAL = "1s"
+AGENT_INTERVAL = "750ms"  # the agent's default --interval
 AGENT_PROBE_TIMEOUT = "500ms"
 
 _LISTENING = re.compile(r"listening on (?P<host>\S+):(?P<port>\d+)")
