@@ -9,9 +9,10 @@ The measured side, in this process:
 - **ours**: the real aggregator (``aggregator.server.Aggregator`` on the emulator, default
   settings but a startup grace and pull interval long enough that its own loop stays out of
   the way) and ``Puller.pull_now`` of every pod, awaited: bounded concurrency, ``--pull-timeout``
-  per probe,
-  a failure confirmed by a second probe. A first sweep meets every failure for the first time
-  (each hung pod costs timeout + confirm delay + timeout): ``--first-sweeps`` of them, each by a
+  per probe, a failure confirmed by a second probe. A first sweep meets every failure for the
+  first time (a hung pod costs one timeout when its hedged second probe goes unanswered too and
+  the loop keeps time, up to timeout + confirm delay + timeout otherwise): ``--first-sweeps`` of
+  them, each by a
   freshly started aggregator, then ``--repeats`` "steady" sweeps by the last one, which already
   knows the hung pods (nothing needs confirming). The event loop is the one the aggregator's
   command line runs on (``--loop``); sweeps are timed with ``time.perf_counter``.
