@@ -11,7 +11,9 @@ state, under flapping, at the rate limit), agent_footprint (one agent's CPU and 
 shutdown_detection (real Ray Serve: serve.shutdown() -> out of SERVING), flood (the
 aggregator's memory under thousands of half-open connections, and how soon it closes them),
 failover (two aggregators with leader election: SIGKILL the leader, time until the standby
-serves and the agents are back, spurious writes), baseline (ours next to KubeRay's readiness
+serves and the agents are back, spurious writes), panic_trials (self-protection's randomized
+trials on a simulated clock), mass_hang (75 % of 1,000 proxies hang: label writes during it,
+time until PANIC), baseline (ours next to KubeRay's readiness
 cadence and the seed's sequential pass, as ratios). Each writes bench/results/<name>.json; this
 command also writes bench/results/summary.json.
 """
@@ -54,6 +56,8 @@ SCENARIOS: dict[str, tuple[list[str], list[str]]] = {
     "shutdown_detection": ([], ["--runs", "1"]),
     "flood": ([], ["--sizes", "1000", "--no-reap"]),
     "failover": ([], ["--kills", "2", "--pods", "10", "--steady", "1"]),
+    "panic_trials": ([], ["--seeds", "50"]),
+    "mass_hang": ([], ["--pods", "100", "--trials", "1"]),
     "baseline": ([], []),  # last: reads detection and pull_sweep results
 }
 
