@@ -1,7 +1,7 @@
 """Run every benchmark, one after another, and print where each figure stands against its
 target. Each scenario is its own module (and can be run alone, with its own options):
 
-    python -m bench                 # everything, with the issue's sizes (about 35 minutes)
+    python -m bench                 # everything, with the issues' sizes (about 40 minutes)
     python -m bench --quick         # small sizes, a couple of minutes: a smoke run, not figures
     python -m bench --only ingest,detection
 
