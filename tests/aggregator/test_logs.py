@@ -232,3 +232,14 @@ async def test_a_hostile_reason_cannot_forge_a_text_line(
     logged = last.rstrip("\n").split("(source push, label false): ", 1)[1]
     assert len(logged.encode()) <= 256
     assert logged == "🙂" * 63 + "..."
+
+
+async def test_the_deprecated_panic_settle_is_named_once_and_ignored(
+    run_aggregator: Callable[..., Any],
+) -> None:
+    process, _ = await run_aggregator("--panic-settle=1s")
+    warnings = [line for line in process.lines if "--panic-settle is deprecated" in line]
+    assert len(warnings) == 1, process.lines
+    assert " WARNING " in warnings[0]
+    rest = await process.stop()
+    assert process.process.returncode == 0, rest

@@ -289,7 +289,8 @@ async def test_slow_api_loses_no_transition(
         record = aggregator.core.pod(PodKey(NS, name))
         assert record is not None
         assert record.desired_label == wanted, (name, record)
-    # (pod-3's "false" may also wait --panic-settle before it is asked for: wait for both.)
+    # (pod-3's "false" may also wait for self-protection's look before it is asked for: wait
+    # for both.)
     await eventually(
         lambda: (
             aggregator.registry.writer.pending == 0
