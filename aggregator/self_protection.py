@@ -241,7 +241,9 @@ class SelfProtection:
             self._hold(key)
             return
         bad, tracked = self._bad_and_tracked()
-        out = bad - len(self._held) - len(self._pending)  # ``key`` included
+        # Suspect pods still in service: held, awaiting a verdict, or a fresh failure.
+        waiting = len(self._held) + len(self._pending) + len(self._stale)
+        out = bad - waiting  # ``key`` included
         if self._threshold.reached(out, tracked):
             self._begin_panic(f"taking pod {key} out would leave {out} of {tracked} pods out")
             self._hold(key)
