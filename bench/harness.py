@@ -345,6 +345,19 @@ def spawn_daemonset_agent(
     )
 
 
+def stop_child(process: subprocess.Popen[Any], timeout: float = 30.0) -> int:
+    """End a child that stops by itself when its stdin closes (a benchmark's fleet): close its
+    stdin, wait ``timeout``, kill it if it is still running; its exit code."""
+    if process.stdin is not None:
+        with contextlib.suppress(OSError):
+            process.stdin.close()
+    try:
+        return process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        return process.wait()
+
+
 def wait_connected(agent: Process, timeout: float = 20.0) -> None:
     """Wait until ``agent`` logged that it is connected to the aggregator (stopped if not)."""
     try:

@@ -375,14 +375,7 @@ class Fleet:
 
     def stop(self) -> int:
         """Close its stdin (it stops by itself), kill it if it does not."""
-        if self.process.stdin is not None:
-            with contextlib.suppress(OSError):
-                self.process.stdin.close()
-        try:
-            return self.process.wait(STOP_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            return self.process.wait()
+        return harness.stop_child(self.process, STOP_TIMEOUT)
 
 
 # -- measuring -------------------------------------------------------------------------------

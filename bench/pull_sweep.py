@@ -57,7 +57,7 @@ from typing import Any, TypeVar
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import procstat
+from bench import harness, procstat
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUTPUT = REPO_ROOT / "bench" / "results" / "pull_sweep.json"
@@ -223,14 +223,8 @@ class Fleet:
 
     def stop(self) -> int:
         """Close its stdin (it stops by itself), kill it if it does not."""
-        if self.process.stdin is not None:
-            with contextlib.suppress(OSError):
-                self.process.stdin.close()
         try:
-            return self.process.wait(STOP_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            return self.process.wait()
+            return harness.stop_child(self.process, STOP_TIMEOUT)
         finally:
             if self.process.stdout is not None:
                 self.process.stdout.close()
