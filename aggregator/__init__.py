@@ -1,3 +1,3 @@
 """The ray-serve-health aggregator: tracks every Ray pod's Serve proxy and decides its label."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -69,16 +69,18 @@ class AgentMessage(_message.Message):
     def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., reports: _Optional[_Union[ReportBatch, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("mode", "pod", "node_name", "agent_version")
+    __slots__ = ("mode", "pod", "node_name", "agent_version", "reports_on_change")
     MODE_FIELD_NUMBER: _ClassVar[int]
     POD_FIELD_NUMBER: _ClassVar[int]
     NODE_NAME_FIELD_NUMBER: _ClassVar[int]
     AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    REPORTS_ON_CHANGE_FIELD_NUMBER: _ClassVar[int]
     mode: AgentMode
     pod: PodRef
     node_name: str
     agent_version: str
-    def __init__(self, mode: _Optional[_Union[AgentMode, str]] = ..., pod: _Optional[_Union[PodRef, _Mapping]] = ..., node_name: _Optional[str] = ..., agent_version: _Optional[str] = ...) -> None: ...
+    reports_on_change: bool
+    def __init__(self, mode: _Optional[_Union[AgentMode, str]] = ..., pod: _Optional[_Union[PodRef, _Mapping]] = ..., node_name: _Optional[str] = ..., agent_version: _Optional[str] = ..., reports_on_change: _Optional[bool] = ...) -> None: ...
 
 class ReportBatch(_message.Message):
     __slots__ = ("reports",)
@@ -111,10 +113,14 @@ class AggregatorMessage(_message.Message):
     def __init__(self, settings: _Optional[_Union[AgentSettings, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ...) -> None: ...
 
 class AgentSettings(_message.Message):
-    __slots__ = ("heartbeat_interval",)
+    __slots__ = ("heartbeat_interval", "resync_interval", "reports_per_change")
     HEARTBEAT_INTERVAL_FIELD_NUMBER: _ClassVar[int]
+    RESYNC_INTERVAL_FIELD_NUMBER: _ClassVar[int]
+    REPORTS_PER_CHANGE_FIELD_NUMBER: _ClassVar[int]
     heartbeat_interval: _duration_pb2.Duration
-    def __init__(self, heartbeat_interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    resync_interval: _duration_pb2.Duration
+    reports_per_change: int
+    def __init__(self, heartbeat_interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., resync_interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., reports_per_change: _Optional[int] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ("sequence",)

@@ -53,9 +53,14 @@ class ReportServiceServicer:
     """
 
     def Report(self, request_iterator, context):
-        """The agent opens with exactly one Hello, then sends Reports: at once when a
-        pod's state changes, otherwise as heartbeats at the interval the aggregator
-        asked for. The aggregator answers with AgentSettings (first) and Acks.
+        """The agent opens with exactly one Hello, then sends Reports. An agent that sets
+        Hello.reports_on_change sends a pod's report when its state changes (and the
+        next AgentSettings.reports_per_change - 1 probe results of that pod), plus every
+        pod once per AgentSettings.resync_interval; the aggregator knows it is alive
+        from its connection (HTTP/2 keepalive pings). An older agent sends every pod
+        at each heartbeat_interval, and a pod it stops reporting goes SILENT after the
+        aggregator's --heartbeat-ttl. The aggregator answers with AgentSettings (first)
+        and Acks.
         A malformed message ends this stream with INVALID_ARGUMENT; an oversized one
         with RESOURCE_EXHAUSTED. Other streams are not affected.
         """
