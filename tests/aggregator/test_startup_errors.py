@@ -38,7 +38,7 @@ from aggregator.wiring import build_aggregator
 from servehealth_common.config import split_host_port
 from tests.conftest import eventually
 
-#: The start line: "aggregator 0.1.0 listening on HOST:PORT (plaintext, metrics HOST:PORT), ...".
+#: The start line: "aggregator 0.2.0 listening on HOST:PORT (plaintext, metrics HOST:PORT), ...".
 STARTED = re.compile(r"listening on (?P<grpc>\S+) \([^,]+, metrics (?P<metrics>\S+)\)")
 #: Every line the aggregator writes in text format (anything else is noise: a traceback,
 #: gRPC's own log, "Exception ignored in ...").
