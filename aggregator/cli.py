@@ -38,6 +38,7 @@ async def run(settings: AggregatorFlags) -> int:
             "--panic-settle is deprecated and ignored: a pod that turns UNHEALTHY or SILENT "
             "leaves service once a look at other pods shows the failure is not a mass one"
         )
+    _check_open_files(settings.max_connections)
     aggregator = build_aggregator(settings)
     # Returns once the port is open: the first pod list (retried while the Kubernetes API does
     # not answer) and the election go on in the background, and a SIGTERM meanwhile ends them.
@@ -55,6 +56,19 @@ async def run(settings: AggregatorFlags) -> int:
         logging.getLogger("aggregator").error("exiting: %s", aggregator.lost)
         return 1
     return 0
+
+
+def _check_open_files(max_connections: int) -> None:
+    """Raise the open-files limit; warn when it cannot hold --max-connections agents (each
+    holds a socket), since accepting more would fail."""
+    soft, _ = runtime.raise_open_files_limit()
+    if soft < max_connections:
+        logging.getLogger("aggregator").warning(
+            "the open-files limit (%d) is below --max-connections (%d): connections beyond "
+            "it will fail; raise the limit (ulimit -n) or lower --max-connections",
+            soft,
+            max_connections,
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

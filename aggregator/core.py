@@ -18,6 +18,7 @@ from typing import Protocol
 from aggregator.fleet_look import SUSPECT_BAD, OnLooked
 from aggregator.metrics import Metrics
 from aggregator.registry import PodRegistry
+from aggregator.resync import ResyncSchedule, ResyncSettings
 from aggregator.self_protection import ProtectionSettings, SelfProtection
 from aggregator.tracker import Observation, PodRecord, StateChange, Tracker
 from aggregator.transition_feed import TransitionFeed
@@ -48,6 +49,8 @@ class CoreSettings:
     #: With a backend that forgets departed pods (memory): how long a pod may stay SILENT
     #: before it is forgotten (its agent's stream is open but says nothing); 0: never.
     forget_silent_after: float = 30.0
+    #: How often agents that report on change resync every pod.
+    resync: ResyncSettings = field(default_factory=ResyncSettings)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +83,11 @@ class Core:
         self._settings = settings
         self._feed = TransitionFeed(metrics.watchers.set)
         self._stream_ids = itertools.count(1)
-        self._agents: set[int] = set()
+        #: Open streams, and whether each one's agent reports on change (its stream keeps its
+        #: pods alive) rather than sending heartbeats.
+        self._agents: dict[int, bool] = {}
+        self._resync = ResyncSchedule(settings.resync)
+        tracker.allow_silence(self._resync.kept_ttl)
         self._reports = metrics.reports
         metrics.track_pods(tracker.counts)
         metrics.track_pull_mode(self.pods_in_pull_mode)
@@ -91,14 +98,22 @@ class Core:
     def agents_connected(self) -> int:
         return len(self._agents)
 
-    def hello(self, pods: Iterable[PodInfo]) -> int:
-        """An agent opened a stream for ``pods``; returns the stream's id."""
+    def hello(self, pods: Iterable[PodInfo], *, reports_on_change: bool = False) -> int:
+        """An agent opened a stream for ``pods``; returns the stream's id. ``reports_on_change``:
+        the agent sends changes and resyncs, and its open stream keeps its pods alive."""
         for pod in pods:
             self._admit(pod)
         stream = next(self._stream_ids)
-        self._agents.add(stream)
+        self._agents[stream] = reports_on_change
         self._metrics.agents_connected.set(len(self._agents))
         return stream
+
+    def resync_interval(self) -> float:
+        """The resync interval for a stream opened now (it grows with the fleet: the pods
+        tracked, or the agents connected if more)."""
+        interval = self._resync.for_fleet(max(len(self._tracker), len(self._agents)))
+        self._tracker.allow_silence(self._resync.kept_ttl)
+        return interval
 
     def _admit(self, pod: PodInfo) -> None:
         record = self._tracker.get(pod.key)
@@ -126,7 +141,7 @@ class Core:
         if key not in tracker:
             self._admit(PodInfo(key))
         self._reports.inc()
-        transition = tracker.observe(key, observation, stream)
+        transition = tracker.observe(key, observation, stream, kept=self._agents.get(stream, False))
         if transition is None:
             return False
         self._apply(transition)
@@ -139,7 +154,7 @@ class Core:
         comes back registers its pod again)."""
         keys = list(keys)
         self._tracker.detach(keys, stream)
-        self._agents.discard(stream)
+        self._agents.pop(stream, None)
         self._metrics.agents_connected.set(len(self._agents))
         if self._registry.forgets_departed:
             departed = [key for key in keys if (r := self._tracker.get(key)) and r.agent is None]

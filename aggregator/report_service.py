@@ -86,7 +86,10 @@ def unexpected(message: pb.AgentMessage, what: str) -> Outcome:
 
 @dataclass(frozen=True, slots=True)
 class ReportSettings:
+    #: For agents that send heartbeats (before 0.2.0).
     heartbeat_interval: float = 1.0
+    #: For agents that report on change: reports in a row after a change (the thresholds).
+    reports_per_change: int = 2
     ack_every: int = 1
     max_reports_per_second: int = 50
     hello_timeout: float = 10.0
@@ -115,9 +118,16 @@ class ReportService:
         self._draining: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._calls = CallsInFlight()
         self._logged = LoggedOnce()
-        self._agent_settings = pb.AggregatorMessage(
-            settings=pb.AgentSettings(heartbeat_interval=wire.duration(settings.heartbeat_interval))
-        )
+        self._heartbeat_interval = wire.duration(settings.heartbeat_interval)
+
+    def _agent_settings(self, reports_on_change: bool) -> pb.AggregatorMessage:
+        """What a new stream's agent is asked to do: heartbeats (an agent before 0.2.0), or
+        changes plus a resync at the interval the fleet's size calls for now."""
+        settings = pb.AgentSettings(heartbeat_interval=self._heartbeat_interval)
+        if reports_on_change:
+            settings.resync_interval.CopyFrom(wire.duration(self._core.resync_interval()))
+            settings.reports_per_change = self._settings.reports_per_change
+        return pb.AggregatorMessage(settings=settings)
 
     def register(self, server: grpc.aio.Server) -> None:
         """Add the Report method to ``server``, with a deserializer that never raises.
@@ -249,8 +259,9 @@ class ReportService:
             token_expiry.reschedule(grant.deadline)
             node = grant.node
         sidecar = hello.mode == pb.AGENT_MODE_SIDECAR
+        on_change = hello.reports_on_change
         try:
-            stream_id = self._core.hello(pods)
+            stream_id = self._core.hello(pods, reports_on_change=on_change)
         except NotAdmitted as error:
             await self._refuse(context, unknown_pod(True, str(error)))
         settings = self._settings
@@ -265,15 +276,16 @@ class ReportService:
             ack_every=settings.ack_every,
         )
         log.info(
-            "agent %s connected from %s (%s, node %s, version %s)",
+            "agent %s connected from %s (%s, node %s, version %s, %s)",
             stream_id,
             context.peer(),
             pb.AgentMode.Name(hello.mode),
             hello.node_name[:253] or "?",  # raw clients may send anything: cut for the log
             hello.agent_version[:64] or "?",
+            "reports on change" if on_change else "heartbeats",
         )
         try:
-            await context.write(self._agent_settings)
+            await context.write(self._agent_settings(on_change))
             await self._serve_reports(context, stream)
         finally:
             stream.close()

@@ -44,12 +44,18 @@ class StateChange:
 
 @dataclass(slots=True)
 class TrackerSettings:
+    #: Silence allowed to a pod that no open stream keeps alive: since the last report of an
+    #: agent that sends heartbeats, since the stream ended of one that reports on change.
     heartbeat_ttl: float = 3.0
     failure_threshold: int = 1
     success_threshold: int = 2
     #: How long a pull observation stays fresh (pods no agent speaks for are pulled every
     #: pull interval); None: the heartbeat TTL.
     pull_ttl: float | None = None
+    #: Silence allowed to a pod whose agent reports on change while its stream is open (a
+    #: backstop: such an agent resyncs every pod, and ends its stream if its probes stall).
+    #: The core raises it as the resync interval stretches (:meth:`Tracker.allow_silence`).
+    kept_ttl: float = 90.0
 
     def __post_init__(self) -> None:
         if self.pull_ttl is None:
@@ -72,6 +78,10 @@ class PodRecord:
     latency: float = 0.0
     streak: int = 0  # consecutive observations on the other side of "serving" than `state`
     agent: int | None = None  # the stream that reports for this pod, if one does
+    #: Whether that stream keeps the pod alive (its agent reports on change: its connection,
+    #: not its reports, says it is alive).
+    kept: bool = False
+    agent_left_at: float | None = None  # when such a stream ended, if nothing observed it since
 
     @property
     def desired_label(self) -> str:
@@ -86,10 +96,12 @@ class Tracker:
         self._clock = clock
         self._records: dict[PodKey, PodRecord] = {}
         # Pods that can still fall silent, least recently touched first: one queue for pods
-        # last heard from by push (or never), one for pods last pulled, each with its own TTL.
-        # Observations arrive in clock order, so moving a key to the end of its queue keeps
+        # an open on-change stream keeps alive, one for pods last heard from by push (or
+        # never, or whose on-change stream ended), one for pods last pulled, each with its own
+        # TTL. Observations arrive in clock order, so moving a key to the end of its queue keeps
         # the order and expiry stops at the first fresh pod: its cost is the number of pods
         # that expire, not the fleet size.
+        self._kept: OrderedDict[PodKey, None] = OrderedDict()
         self._pushed: OrderedDict[PodKey, None] = OrderedDict()
         self._pulled: OrderedDict[PodKey, None] = OrderedDict()
         self._counts: Counter[ServeState] = Counter()
@@ -132,66 +144,96 @@ class Tracker:
         return self._clock() < self._hold_until
 
     def agent_speaks(self, record: PodRecord, now: float) -> bool:
-        """Whether an agent is connected for ``record`` and has pushed within the TTL."""
-        return (
-            record.agent is not None
-            and record.pushed_at is not None
-            and now - record.pushed_at < self.settings.heartbeat_ttl
-        )
+        """Whether an agent speaks for ``record``: its on-change stream is open, or it is
+        connected and has sent a heartbeat within the TTL."""
+        if record.agent is None:
+            return False
+        if record.kept:
+            return True
+        return record.pushed_at is not None and now - record.pushed_at < self.settings.heartbeat_ttl
+
+    def allow_silence(self, kept_ttl: float) -> None:
+        """Raise the TTL of pods kept alive by an open stream (never lowered: streams opened
+        earlier resync at the interval they were given)."""
+        self.settings.kept_ttl = max(self.settings.kept_ttl, kept_ttl)
 
     def forget(self, key: PodKey) -> None:
         record = self._records.pop(key, None)
         if record is not None:
+            self._kept.pop(key, None)
             self._pushed.pop(key, None)
             self._pulled.pop(key, None)
             self._counts[record.state] -= 1
 
     def detach(self, keys: Iterable[PodKey], agent: int) -> None:
-        """The stream ``agent`` closed: its pods have no agent (unless another took them over)."""
+        """The stream ``agent`` closed: its pods have no agent (unless another took them over).
+        A pod it kept alive gets the heartbeat TTL from now: time for its agent to reconnect,
+        or for a pull to see it."""
+        now = self._clock()
         for key in keys:
             record = self._records.get(key)
-            if record is not None and record.agent == agent:
-                record.agent = None
+            if record is None or record.agent != agent:
+                continue
+            record.agent = None
+            if record.kept:
+                record.kept = False
+                record.touched_at = record.agent_left_at = now
+                self._kept.pop(key, None)
+                self._pushed[key] = None
 
     # -- observations -------------------------------------------------------------------
 
     def observe(
-        self, key: PodKey, observation: Observation, agent: int | None = None
+        self,
+        key: PodKey,
+        observation: Observation,
+        agent: int | None = None,
+        *,
+        kept: bool = False,
     ) -> StateChange | None:
         """Record an observation of a registered pod; returns the transition it caused, if any.
 
-        ``agent``: the stream that pushed it, which now speaks for the pod.
+        ``agent``: the stream that pushed it, which now speaks for the pod; ``kept``: that
+        stream's agent reports on change (its open stream keeps the pod alive).
         """
         record = self._records[key]
         if agent is not None:
             record.agent = agent
+            record.kept = kept
         now = self._clock()
         record.touched_at = record.observed_at = now
+        record.agent_left_at = None
         if observation.source is Source.PUSH:
             record.pushed_at = now
         record.source = observation.source
         record.reason = observation.reason
         record.http_status = observation.http_status
         record.latency = observation.latency
-        if observation.source is Source.PULL:
-            queue, other = self._pulled, self._pushed
+        if record.kept and record.agent is not None:
+            queue = self._kept
+        elif observation.source is Source.PULL:
+            queue = self._pulled
         else:
-            queue, other = self._pushed, self._pulled
+            queue = self._pushed
         if key in queue:
             queue.move_to_end(key)
         else:
-            other.pop(key, None)
+            for other in (self._kept, self._pushed, self._pulled):
+                if other is not queue:
+                    other.pop(key, None)
             queue[key] = None
         return self._gate(record, observation.state, now, observation.source)
 
     def expire(self) -> list[StateChange]:
-        """Pods not observed for longer than their TTL become SILENT: the heartbeat TTL after
-        a push (or since registration), the pull TTL after a pull."""
+        """Pods not observed for longer than their TTL become SILENT: the kept TTL while an
+        on-change stream is open, the heartbeat TTL after a heartbeat (or since registration,
+        or since an on-change stream ended), the pull TTL after a pull."""
         now = self._clock()
         if now < self._hold_until:
             return []
         settings = self.settings
-        transitions = self._expire(self._pushed, now, settings.heartbeat_ttl, "report")
+        transitions = self._expire(self._kept, now, settings.kept_ttl, "report or resync")
+        transitions += self._expire(self._pushed, now, settings.heartbeat_ttl, "report")
         transitions += self._expire(self._pulled, now, settings.pull_ttl, "successful pull")
         return transitions
 
@@ -211,7 +253,13 @@ class Tracker:
             if record.touched_at > deadline:
                 break
             del queue[key]
-            record.reason = f"No {what} for {now - record.touched_at:.1f}s (TTL {ttl:g}s)."
+            if record.agent_left_at is not None:
+                record.reason = (
+                    f"Its agent's stream ended {now - record.agent_left_at:.1f}s ago; "
+                    f"nothing observed it since (TTL {ttl:g}s)."
+                )
+            else:
+                record.reason = f"No {what} for {now - record.touched_at:.1f}s (TTL {ttl:g}s)."
             transition = self._gate(record, ServeState.SILENT, now, None)
             if transition is not None:
                 transitions.append(transition)

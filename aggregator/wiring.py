@@ -38,6 +38,7 @@ from aggregator.metrics import Metrics
 from aggregator.puller import Puller, PullSettings
 from aggregator.registry import MemoryRegistry, PodRegistry
 from aggregator.report_service import ReportService, ReportSettings
+from aggregator.resync import ResyncSettings
 from aggregator.self_protection import ProtectionSettings
 from aggregator.server import Aggregator, Election, PortSettings
 from aggregator.tracker import Clock, Tracker, TrackerSettings
@@ -78,6 +79,7 @@ def core_settings(flags: AggregatorFlags) -> CoreSettings:
         ),
         # Memory backend only: a pod silent this long is forgotten (no watch, no pulls).
         forget_silent_after=10 * flags.heartbeat_ttl,
+        resync=ResyncSettings(base=flags.resync_interval),
     )
 
 
@@ -93,6 +95,8 @@ def pull_settings(flags: AggregatorFlags) -> PullSettings:
 def report_settings(flags: AggregatorFlags) -> ReportSettings:
     return ReportSettings(
         heartbeat_interval=flags.heartbeat_interval,
+        # An agent that reports on change sends enough reports in a row to move a pod.
+        reports_per_change=max(flags.failure_threshold, flags.success_threshold),
         ack_every=flags.ack_every,
         max_reports_per_second=flags.max_reports_per_second,
         hello_timeout=flags.hello_timeout,

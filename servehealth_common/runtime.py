@@ -24,3 +24,20 @@ def run(main: Coroutine[Any, Any, T]) -> T:
     except ImportError:
         return asyncio.run(main)
     return uvloop.run(main)
+
+
+def raise_open_files_limit() -> tuple[int, int]:
+    """Raise the soft limit of open files to the hard one, as Go's runtime does at start: a
+    server that holds one socket per agent must not stop at the usual soft default (1,024).
+    Returns the (soft, hard) limits in force after."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1_048_576)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass  # keep what we have; the caller warns if it is too little
+    return soft, hard

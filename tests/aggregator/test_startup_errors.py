@@ -50,12 +50,13 @@ FLOOD = 300
 HALF_SENT = b"GET /metrics HTTP/1.1\r\nHost: x\r\n"
 
 
-#: Run as ``python -c LIMITED FD_LIMIT -m aggregator ...``: lower the soft limit of open files,
-#: then exec the aggregator (no preexec_fn: that runs Python between fork and exec).
+#: Run as ``python -c LIMITED FD_LIMIT -m aggregator ...``: lower the limit of open files, soft
+#: and hard (the aggregator raises its soft limit to the hard one at start), then exec the
+#: aggregator (no preexec_fn: that runs Python between fork and exec).
 LIMITED = (
     "import os, resource, sys; "
-    "_, hard = resource.getrlimit(resource.RLIMIT_NOFILE); "
-    "resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[1]), hard)); "
+    "limit = int(sys.argv[1]); "
+    "resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit)); "
     "os.execv(sys.executable, [sys.executable, *sys.argv[2:]])"
 )
 
