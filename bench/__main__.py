@@ -13,9 +13,10 @@ aggregator's memory under thousands of half-open connections, and how soon it cl
 failover (two aggregators with leader election: SIGKILL the leader, time until the standby
 serves and the agents are back, spurious writes), panic_trials (self-protection's randomized
 trials on a simulated clock), mass_hang (75 % of 1,000 proxies hang: label writes during it,
-time until PANIC), baseline (ours next to KubeRay's readiness
-cadence and the seed's sequential pass, as ratios). Each writes bench/results/<name>.json; this
-command also writes bench/results/summary.json.
+time until PANIC), liveness (SIGKILL, SIGSTOP, black-holed or stalled agents: time until
+the aggregator's GetPod shows the agent gone and the pod pulled), baseline (ours next to
+KubeRay's readiness cadence and the seed's sequential pass, as ratios). Each writes
+bench/results/<name>.json; this command also writes bench/results/summary.json.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ SCENARIOS: dict[str, tuple[list[str], list[str]]] = {
     "failover": ([], ["--kills", "2", "--pods", "10", "--steady", "1"]),
     "panic_trials": ([], ["--seeds", "50"]),
     "mass_hang": ([], ["--pods", "100", "--trials", "1"]),
+    "liveness": ([], ["--rounds", "2"]),
     "baseline": ([], []),  # last: reads detection and pull_sweep results
 }
 
