@@ -1,10 +1,10 @@
 """The sidecar agent: one probe loop for the local proxy and one Report stream.
 
 The probe loop (:class:`~node_agent.probing.PodProbe`, :attr:`Agent.probe`) keeps the proxy's
-latest result and puts every result in an :class:`~node_agent.stream.Outbox`, which raises
+latest result and puts every result in an :class:`~node_agent.outbox.Outbox`, which raises
 its ``changed`` event when the state differs from the last one; the stream
 (:class:`~node_agent.stream.ReportClient`, :attr:`Agent.stream`) sends a report at once on a
-change, otherwise one heartbeat per interval the aggregator asked for, and reconnects forever.
+change, otherwise a resync per interval the aggregator asked for, and reconnects forever.
 The DaemonSet agent (:mod:`node_agent.daemonset`) is built from the same two pieces.
 """
 
@@ -17,8 +17,10 @@ import random
 from node_agent import __version__
 from node_agent.flags import AgentFlags
 from node_agent.identity import SidecarPod
+from node_agent.outbox import Outbox
 from node_agent.probing import PodProbe
-from node_agent.stream import Outbox, ReportClient
+from node_agent.stream import ReportClient
+from node_agent.watchdog import Watchdog
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth_common.probe import Prober
 
@@ -34,6 +36,7 @@ class Agent:
         prober: Prober,
         *,
         rng: random.Random | None = None,
+        watchdog: Watchdog | None = None,
     ) -> None:
         rng = rng or random.Random()
         outbox = Outbox()
@@ -45,6 +48,7 @@ class Agent:
             on_result=functools.partial(outbox.put, OWN_POD, None),
             rng=rng,
             name=f"proxy {settings.proxy_url}",
+            watchdog=watchdog,
         )
         hello = pb.Hello(
             mode=pb.AGENT_MODE_SIDECAR,

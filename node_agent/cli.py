@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from node_agent import watchdog
 from node_agent.agent import Agent
 from node_agent.flags import AgentFlags
 from node_agent.identity import (
@@ -18,6 +19,7 @@ from node_agent.identity import (
     SidecarPod,
     node_name_from_environ,
 )
+from node_agent.watchdog import Watchdog
 from servehealth_common import logs, runtime
 from servehealth_common.config import load
 from servehealth_common.probe import Prober, make_session
@@ -35,14 +37,19 @@ DESCRIPTION = (
 log = logging.getLogger("node_agent")
 
 #: Builds the agent once the probe session exists (it must be made inside the event loop).
-MakeAgent = Callable[[Prober], "Agent | NodeAgent"]
+MakeAgent = Callable[[Prober, "Watchdog | None"], "Agent | NodeAgent"]
 
 
 async def run(settings: AgentFlags, make_agent: MakeAgent) -> None:
     async with make_session() as session:
         prober = Prober(session, settings.probe_timeout, concurrency=settings.probe_concurrency)
-        agent = make_agent(prober)
+        dog = Watchdog(settings.stall_timeout) if settings.stall_timeout else None
+        agent = make_agent(prober, dog)
         task = asyncio.create_task(agent.run())
+        if dog is not None:
+            beat = asyncio.create_task(watchdog.beat_forever(dog), name="watchdog beat")
+            task.add_done_callback(lambda _: beat.cancel())
+            watchdog.start(dog)
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, task.cancel)
@@ -74,7 +81,7 @@ def _run_sidecar(settings: AgentFlags) -> int:
         settings.interval,
         settings.aggregator,
     )
-    runtime.run(run(settings, lambda prober: Agent(settings, identity, prober)))
+    runtime.run(run(settings, lambda prober, dog: Agent(settings, identity, prober, watchdog=dog)))
     return 0
 
 
@@ -98,7 +105,12 @@ def _run_daemonset(settings: AgentFlags) -> int:
         settings.aggregator,
     )
     try:
-        runtime.run(run(settings, lambda prober: NodeAgent(settings, node_name, prober, client)))
+        runtime.run(
+            run(
+                settings,
+                lambda prober, dog: NodeAgent(settings, node_name, prober, client, watchdog=dog),
+            )
+        )
     finally:
         client.close()
     return 0

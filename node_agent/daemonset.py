@@ -6,7 +6,7 @@ calls it makes, so its RBAC is ``list`` and ``watch`` on pods. Each pod with an 
 :class:`~node_agent.probing.PodProbe` of ``http://<pod IP>:<serve port>/-/healthz`` (all over
 one HTTP session, at most ``--probe-concurrency`` probes in flight); a pod that vanishes, ends
 (phase Succeeded or Failed) or loses its IP stops being probed and reported. Results go into
-one :class:`~node_agent.stream.Outbox`, which one :class:`~node_agent.stream.ReportClient`
+one :class:`~node_agent.outbox.Outbox`, which one :class:`~node_agent.stream.ReportClient`
 (hello in ``AGENT_MODE_DAEMONSET`` with the node's name) sends to the aggregator.
 """
 
@@ -21,8 +21,10 @@ from typing import Any
 
 from node_agent import __version__
 from node_agent.flags import AgentFlags
+from node_agent.outbox import Outbox
 from node_agent.probing import PodProbe
-from node_agent.stream import Outbox, ReportClient
+from node_agent.stream import ReportClient
+from node_agent.watchdog import Watchdog
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth_common.kube.client import KubeClient, load_configuration
 from servehealth_common.kube.pods import healthz_url, serve_port
@@ -35,6 +37,9 @@ log = logging.getLogger(__name__)
 USER_AGENT = f"ray-serve-health-agent/{__version__}"
 #: Threads for the pod lists (watches run in threads of their own).
 KUBE_THREADS = 2
+#: After a first change in a round of probes, how long the stream waits for the others of the
+#: round (healthy answers take milliseconds; confirmed failures end together too).
+BATCH_WINDOW = 0.05
 #: Phases after which a pod's containers are gone for good.
 FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
 
@@ -116,8 +121,10 @@ class NodeAgent:
         client: KubeClient,
         *,
         rng: random.Random | None = None,
+        watchdog: Watchdog | None = None,
     ) -> None:
         self.settings = settings
+        self.watchdog = watchdog
         self.node_name = node_name
         self.prober = prober
         self.rng = rng or random.Random()
@@ -126,8 +133,15 @@ class NodeAgent:
             mode=pb.AGENT_MODE_DAEMONSET, node_name=node_name, agent_version=__version__
         )
         self.stream = ReportClient(
-            settings, hello, self.outbox, who=f"node {node_name}", rng=self.rng
+            settings,
+            hello,
+            self.outbox,
+            who=f"node {node_name}",
+            rng=self.rng,
+            batch_window=BATCH_WINDOW,
         )
+        #: The node's probe grid (each agent its own phase: nodes do not probe in step).
+        self._grid_phase = self.rng.uniform(0, settings.interval)
         self.watch = PodWatch(
             client,
             namespaces=settings.namespace,
@@ -183,6 +197,8 @@ class NodeAgent:
             on_result=functools.partial(self.outbox.put, target.key, target.ref),
             rng=self.rng,
             name=f"pod {target} ({target.url})",
+            grid_phase=self._grid_phase,
+            watchdog=self.watchdog,
         )
         task = self._group.create_task(probe.run(), name=f"probe {target}")
         self._probing[target.key] = _Probing(target, task)

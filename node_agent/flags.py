@@ -108,6 +108,14 @@ class AgentFlags:
     confirm_delay: float = setting(
         0.1, "After a first failure, re-probe this much later before reporting it.", duration=True
     )
+    stall_timeout: float = setting(
+        3.0,
+        "The agent's watchdog: if its event loop does not run, or no probe finishes, for this "
+        "long while the process lives, it exits (status 70), so that the aggregator sees it "
+        "gone and probes its pods (its gRPC core would still answer the aggregator's pings). "
+        "Longer than --interval plus two --probe-timeout; 0: no watchdog.",
+        duration=True,
+    )
     mode: str = setting(
         "sidecar",
         "sidecar: probe --proxy-url and report for the pod named by POD_NAMESPACE/POD_NAME; "
@@ -162,6 +170,15 @@ class AgentFlags:
             raise ValueError("--probe-concurrency must be at least 1")
         if self.confirm_delay < 0:
             raise ValueError("--confirm-delay must not be negative")
+        longest_turn = self.interval + 2 * self.probe_timeout + self.confirm_delay
+        if self.stall_timeout and self.stall_timeout <= longest_turn:
+            raise ValueError(
+                f"--stall-timeout ({self.stall_timeout:g}s) must be longer than one probe turn "
+                f"(--interval + 2 x --probe-timeout + --confirm-delay = {longest_turn:g}s), or "
+                "0 to turn the watchdog off"
+            )
+        if self.stall_timeout < 0:
+            raise ValueError("--stall-timeout must not be negative")
         if self.probe_timeout >= self.interval:
             raise ValueError(
                 f"--probe-timeout ({self.probe_timeout:g}s) must be shorter than "

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 import time
 from collections.abc import Awaitable, Callable
 
+from node_agent.watchdog import Watchdog
 from servehealth_common.backoff import jittered_below
 from servehealth_common.probe import Prober, ProbeResult
 
@@ -15,6 +17,11 @@ log = logging.getLogger(__name__)
 
 #: Called with every result, and whether its state differs from the one before.
 OnResult = Callable[[ProbeResult, bool], None]
+
+
+def next_tick(after: float, phase: float, interval: float) -> float:
+    """The tick of the grid ``phase + k * interval`` in ``(after, after + interval]``."""
+    return phase + (math.floor((after - phase) / interval) + 1) * interval
 
 
 class PodProbe:
@@ -27,7 +34,12 @@ class PodProbe:
     confirmation can) is followed by the next one at once. A failure that would change the
     state is confirmed by a second probe within the same turn
     (:meth:`~servehealth_common.probe.Prober.probe_confirmed`). Every result goes to
-    ``on_result``; a change is logged.
+    ``on_result``; a change is logged. Each finished turn beats ``watchdog``.
+
+    With ``grid_phase`` (a DaemonSet agent, whose pods share one), probes start on a grid of
+    ticks ``grid_phase + k * interval`` instead: the next start is the one tick in the interval
+    after the last start, so the pods of a node are probed in rounds and their changes travel
+    in one message, and still at least once every interval each.
 
     ``clock`` and ``sleep`` are the time the schedule is kept by and the wait between probes
     (replaced in tests, which drive the loop without real waits).
@@ -43,6 +55,8 @@ class PodProbe:
         on_result: OnResult,
         rng: random.Random,
         name: str,
+        grid_phase: float | None = None,
+        watchdog: Watchdog | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
@@ -54,6 +68,8 @@ class PodProbe:
         self._confirm_delay = confirm_delay
         self._on_result = on_result
         self._rng = rng
+        self._grid_phase = grid_phase
+        self._watchdog = watchdog
         self._clock = clock
         self._sleep = sleep
 
@@ -63,11 +79,24 @@ class PodProbe:
         return await self._prober.probe_confirmed(self.url, previous, self._confirm_delay)
 
     async def run(self) -> None:
-        while True:
-            started = self._clock()
-            await self._probe_and_publish()
-            period = jittered_below(self._interval, self._rng)
-            await self._sleep(max(0.0, started + period - self._clock()))
+        watchdog = self._watchdog
+        if watchdog is not None:
+            watchdog.probe_loop_started()
+        try:
+            while True:
+                started = self._clock()
+                await self._probe_and_publish()
+                if watchdog is not None:
+                    watchdog.probed()
+                await self._sleep(max(0.0, self._next_start(started) - self._clock()))
+        finally:
+            if watchdog is not None:
+                watchdog.probe_loop_ended()
+
+    def _next_start(self, started: float) -> float:
+        if self._grid_phase is None:
+            return started + jittered_below(self._interval, self._rng)
+        return next_tick(started, self._grid_phase, self._interval)
 
     async def _probe_and_publish(self) -> None:
         """One probe; its result becomes :attr:`latest` and goes to ``on_result``."""

@@ -1,10 +1,14 @@
 """The Report stream to the aggregator, the same in both modes.
 
-Probe loops put their results in an :class:`Outbox`; :class:`ReportClient` says hello, then
-sends a batch at once whenever a pod's state changed (only the pods that changed) and, at the
-heartbeat interval the aggregator asked for, a batch with every pod. A new stream starts with
-every pod's latest result. It reconnects forever, with capped exponential backoff and jitter;
-:class:`AttemptLog` keeps that quiet (a condition is logged when it starts, changes and ends).
+Probe loops put their results in an :class:`~node_agent.outbox.Outbox`; :class:`ReportClient`
+says hello (``reports_on_change``), then sends a batch at once whenever a pod's state changed
+(only the pods that changed, with the confirmations the aggregator asked for) and, at the
+resync interval the aggregator asked for, a batch with every pod. The aggregator knows the agent
+is alive from the connection (it pings it), so nothing is sent while nothing changes. An
+aggregator older than 0.2.0 asks for no resync: then the agent sends every pod at its heartbeat
+interval, as agents did before. A new stream starts with every pod's latest result. It
+reconnects forever, with capped exponential backoff and jitter;
+:class:`~node_agent.attempt_log.AttemptLog` keeps that quiet.
 """
 
 from __future__ import annotations
@@ -13,17 +17,16 @@ import asyncio
 import contextlib
 import logging
 import random
-import time
-from collections.abc import Callable, Hashable
-from dataclasses import dataclass
 
 import grpc
 
+from node_agent.attempt_log import AttemptLog
 from node_agent.flags import AgentFlags
+from node_agent.outbox import Outbox
 from node_agent.token import DEFAULT_TOKEN_FILE, TokenFile
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
-from servehealth_common.backoff import Backoff, jittered
+from servehealth_common.backoff import Backoff, jittered, jittered_below
 from servehealth_common.probe import ProbeResult
 from servehealth_common.tls import channel_credentials
 from servehealth_common.tokens import TOKEN_EXPIRED
@@ -59,73 +62,6 @@ class StreamEnded(Exception):
     """The aggregator closed the stream without an error."""
 
 
-def _seconds(value: float) -> str:
-    return f"{value:.1f}s" if value < 10 else f"{value:.0f}s"
-
-
-def _count(number: int, what: str = "attempt") -> str:
-    return f"{number} {what}{'' if number == 1 else 's'}"
-
-
-_NEW_CONDITION = (
-    "aggregator %s: %s%s; %s (logged again when this changes or ends; each attempt at debug level)"
-)
-_SAME_CONDITION = "aggregator %s: %s (attempt %d, for %s)"
-
-
-@dataclass
-class _Trouble:
-    """One address's failures since its last stream connected."""
-
-    condition: str  # the latest, since ``since`` (``attempts`` of them)
-    since: float
-    started: float  # the first failure (``total`` of them since)
-    attempts: int = 1
-    total: int = 1
-
-
-class AttemptLog:
-    """The reconnection loop's log, client-go's klog style: per aggregator address, a failure
-    condition is logged when it starts, when it changes (at its own level) and when it ends
-    (:meth:`connected`: how many attempts, how long); each attempt only at debug level. Each
-    address has its own condition: rounds over a dead address and a standby are no changes."""
-
-    def __init__(self, logger: logging.Logger, clock: Callable[[], float] = time.monotonic) -> None:
-        self._log, self._clock = logger, clock
-        self._troubles: dict[str, _Trouble] = {}
-
-    def failed(
-        self,
-        address: str,
-        condition: str,
-        *,
-        level: int = logging.WARNING,
-        then: str = "retrying with backoff",
-        exc_info: bool = False,
-    ) -> None:
-        """One failed attempt on ``address`` (``condition`` says what happened)."""
-        now, old = self._clock(), self._troubles.get(address)
-        if old is not None and old.condition == condition:
-            old.attempts += 1
-            old.total += 1
-            since = _seconds(now - old.since)
-            self._log.debug(_SAME_CONDITION, address, condition, old.attempts, since)
-            return
-        new = self._troubles[address] = _Trouble(condition, now, old.started if old else now)
-        was = ""
-        if old is not None:
-            new.total += old.total
-            was = f" (was: {old.condition}, {_count(old.attempts)} in {_seconds(now - old.since)})"
-        self._log.log(level, _NEW_CONDITION, address, condition, was, then, exc_info=exc_info)
-
-    def connected(self, address: str) -> str:
-        """A stream to ``address`` connected: the phrase that ends its condition, if any."""
-        if (old := self._troubles.pop(address, None)) is None:
-            return ""
-        elapsed = _seconds(self._clock() - old.started)
-        return f" after {_count(old.total, 'failed attempt')} in {elapsed} (last: {old.condition})"
-
-
 async def connected(channel: grpc.aio.Channel) -> None:
     """Wait until ``channel`` is connected. A failed attempt (refused, unresolvable, a TLS
     handshake that failed) raises ConnectionError at once, rather than waiting out gRPC's own
@@ -139,50 +75,6 @@ async def connected(channel: grpc.aio.Channel) -> None:
         state = channel.get_state(try_to_connect=True)
 
 
-class Outbox:
-    """The latest result of every pod the agent speaks for, and which of them changed since
-    they were last sent. :attr:`changed` is set when one did.
-
-    ``pod`` is the PodRef a report names (None: the sidecar's own pod, left unset).
-    """
-
-    def __init__(self) -> None:
-        self.changed = asyncio.Event()
-        self._latest: dict[Hashable, tuple[pb.PodRef | None, ProbeResult]] = {}
-        self._dirty: dict[Hashable, None] = {}  # an ordered set
-
-    def put(self, key: Hashable, pod: pb.PodRef | None, result: ProbeResult, changed: bool) -> None:
-        """A fresh result; ``changed`` (or a pod new here) sends it at once."""
-        new = key not in self._latest
-        self._latest[key] = (pod, result)
-        if changed or new:
-            self._dirty[key] = None
-            self.changed.set()
-
-    def discard(self, key: Hashable) -> None:
-        """Stop reporting ``key`` (the pod is gone, or no longer probed)."""
-        self._latest.pop(key, None)
-        self._dirty.pop(key, None)
-
-    def resend_all(self) -> None:
-        """Every pod counts as changed (a new stream tells the aggregator everything at once)."""
-        self._dirty = dict.fromkeys(self._latest)
-        if self._dirty:
-            self.changed.set()
-
-    def take(self, everything: bool) -> list[tuple[pb.PodRef | None, ProbeResult]]:
-        """What to send now: every pod (a heartbeat) or those changed since the last take."""
-        keys = list(self._latest) if everything else list(self._dirty)
-        self._dirty.clear()
-        return [self._latest[key] for key in keys]
-
-    def __len__(self) -> int:
-        return len(self._latest)
-
-    def __contains__(self, key: Hashable) -> bool:
-        return key in self._latest
-
-
 class ReportClient:
     """One agent's Report stream: ``hello`` first, then what ``outbox`` holds, forever."""
 
@@ -194,12 +86,19 @@ class ReportClient:
         *,
         who: str,
         rng: random.Random,
+        batch_window: float = 0.0,
     ) -> None:
         self.settings = settings
+        #: After a first change, wait this long for others before sending (0: send at once).
+        self._batch_window = batch_window
         self.outbox = outbox
         self.connected = asyncio.Event()
-        #: The probe interval until the aggregator asks for something else.
-        self.heartbeat_interval = settings.interval
+        #: How often every pod is sent (the probe interval until the aggregator says): the
+        #: resync interval of an aggregator that wants changes, else its heartbeat interval.
+        self.full_send_interval = settings.interval
+        #: Whether the aggregator wants changes and resyncs (0.2.0 and later) or heartbeats.
+        self.on_change = False
+        hello.reports_on_change = True
         self._hello = pb.AgentMessage(hello=hello)
         self._who = who
         self._rng = rng
@@ -366,33 +265,67 @@ class ReportClient:
         if message is grpc.aio.EOF:
             raise StreamEnded("aggregator closed the stream")
         assert isinstance(message, pb.AggregatorMessage)
-        if message.WhichOneof("kind") == "settings":
-            interval = message.settings.heartbeat_interval.ToNanoseconds() / 1e9
-            interval = max(interval, MIN_HEARTBEAT_INTERVAL) if interval > 0 else 0
-            if interval and interval != self.heartbeat_interval:
-                log.info("aggregator asks for a heartbeat every %.3gs", interval)
-                self.heartbeat_interval = interval
+        if message.WhichOneof("kind") != "settings":
+            return
+        settings = message.settings
+        resync = settings.resync_interval.ToNanoseconds() / 1e9
+        on_change = resync > 0
+        interval = resync if on_change else settings.heartbeat_interval.ToNanoseconds() / 1e9
+        interval = max(interval, MIN_HEARTBEAT_INTERVAL) if interval > 0 else 0
+        per_change = max(1, settings.reports_per_change) if on_change else 1
+        if (interval or self.full_send_interval, on_change, per_change) == (
+            self.full_send_interval,
+            self.on_change,
+            self.outbox.reports_per_change,
+        ):
+            return
+        if interval:
+            self.full_send_interval = interval
+        self.on_change = on_change
+        self.outbox.reports_per_change = per_change
+        if on_change:
+            log.info(
+                "aggregator asks for changes (%d reports each) and a resync every %.3gs",
+                per_change,
+                self.full_send_interval,
+            )
+        else:
+            log.info("aggregator asks for a heartbeat every %.3gs", self.full_send_interval)
 
     async def _read_forever(self, call: grpc.aio.StreamStreamCall) -> None:
         while True:
             self._apply(await call.read())
+
+    def _next_full_send(self, now: float, first: bool) -> float:
+        """When to send every pod next: a heartbeat interval (jittered), or a resync interval
+        jittered only shorter, the first at a random point of it (the agents that reconnect
+        together after a restart do not resync together)."""
+        interval = self.full_send_interval
+        if not self.on_change:
+            return now + jittered(interval, self._rng)
+        if first:
+            return now + self._rng.uniform(0.1, 1.0) * interval
+        return now + jittered_below(interval, self._rng)
 
     async def _write_forever(self, call: grpc.aio.StreamStreamCall) -> None:
         loop = asyncio.get_running_loop()
         outbox = self.outbox
         # A fresh stream starts with every latest result so the aggregator knows at once.
         outbox.resend_all()
-        # The heartbeat keeps its own deadline: changes of one pod never delay the others'.
-        heartbeat_at = loop.time() + jittered(self.heartbeat_interval, self._rng)
+        # The full send keeps its own deadline: changes of one pod never delay the others'.
+        full_at = self._next_full_send(loop.time(), first=True)
         while True:
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout_at(heartbeat_at):
+                async with asyncio.timeout_at(full_at):
                     await outbox.changed.wait()
+            if self._batch_window and loop.time() < full_at:
+                # A DaemonSet agent probes its pods in rounds: their changes go together.
+                await asyncio.sleep(self._batch_window)
             outbox.changed.clear()
-            heartbeat = loop.time() >= heartbeat_at
-            if heartbeat:
-                heartbeat_at = loop.time() + jittered(self.heartbeat_interval, self._rng)
-            items = outbox.take(everything=heartbeat)
+            everything = loop.time() >= full_at
+            if everything:
+                full_at = self._next_full_send(loop.time(), first=False)
+            items = outbox.take(everything=everything)
             for start in range(0, len(items), MAX_BATCH_REPORTS):
                 batch = self._batch(items[start : start + MAX_BATCH_REPORTS])
                 async with asyncio.timeout(self.settings.connect_timeout):

@@ -385,18 +385,23 @@ def tracked(aggregator: Any) -> Callable[[], PodRecord | None]:
     return lambda: aggregator.core.pod(KEY)
 
 
-async def test_aggregator_settings_set_the_heartbeat_interval(
+async def test_aggregator_settings_set_the_resync_interval(
     start_aggregator: StartAggregator, make_agent: MakeAgent, fake_proxy: FakeServeProxy
 ) -> None:
     aggregator = await start_aggregator(
-        kube_backend="memory", heartbeat_interval=0.3, heartbeat_ttl=3.0
+        kube_backend="memory", heartbeat_interval=0.3, resync_interval=7.0, success_threshold=3
     )
     agent = make_agent(fake_proxy.url, aggregator=f"127.0.0.1:{aggregator.port}")
     stream = agent.stream
-    assert stream.heartbeat_interval == 0.75  # --interval (default) until the aggregator speaks
+    assert stream.full_send_interval == 0.75  # --interval (default) until the aggregator speaks
+    assert not stream.on_change
     async with running(agent):
         await asyncio.wait_for(stream.connected.wait(), 10)
-        assert stream.heartbeat_interval == pytest.approx(0.3)
+        # An aggregator of this version wants changes, a resync at its interval (a small
+        # fleet: no stretching), and as many reports per change as its largest threshold.
+        assert stream.on_change
+        assert stream.full_send_interval == pytest.approx(7.0)
+        assert agent.stream.outbox.reports_per_change == 3
         record = await eventually(tracked(aggregator))
         assert record.uid == "uid-1"
         assert record.node_name == "node-1"
@@ -404,11 +409,14 @@ async def test_aggregator_settings_set_the_heartbeat_interval(
         assert record.agent is not None
 
 
-async def test_state_change_is_reported_before_the_next_heartbeat(
+async def test_state_change_is_reported_at_once_and_nothing_while_steady(
     start_aggregator: StartAggregator, make_agent: MakeAgent, fake_proxy: FakeServeProxy
 ) -> None:
-    aggregator = await start_aggregator(kube_backend="memory")  # heartbeats: 1 s +/- 10 %
-    assert AggregatorFlags().heartbeat_interval == 1.0  # the default it runs with
+    ttl = 1.0
+    aggregator = await start_aggregator(
+        kube_backend="memory", heartbeat_ttl=ttl, heartbeat_interval=ttl / 2
+    )
+    assert AggregatorFlags().resync_interval == 30.0  # the default it runs with
     agent = make_agent(
         fake_proxy.url,
         aggregator=f"127.0.0.1:{aggregator.port}",
@@ -420,11 +428,13 @@ async def test_state_change_is_reported_before_the_next_heartbeat(
     async with running(agent):
         record = await eventually(tracked(aggregator), timeout=10)
         await eventually(lambda: record.state is ServeState.SERVING, timeout=10)
-        # Flip just after a report, so the next heartbeat is at least 0.9 s away.
-        previous = record.observed_at
-        await eventually(lambda: record.observed_at != previous, timeout=5)
+        # The change, then its confirmation (reports_per_change 2), then nothing: the open
+        # stream keeps the pod alive past the heartbeat TTL, with no report at all.
         last_report = record.observed_at
-        assert last_report is not None
+        await eventually(lambda: loop.time() - (last_report or 0) > 2 * ttl, timeout=10)
+        assert record.observed_at == last_report
+        assert record.state is ServeState.SERVING
+        assert aggregator.core.agent_speaks(record, aggregator.core.now())
         fake_proxy.set(fakes.DRAINING)
         flipped = loop.time()
         await eventually(lambda: record.state is ServeState.DRAINING, timeout=0.8)
@@ -432,16 +442,13 @@ async def test_state_change_is_reported_before_the_next_heartbeat(
         assert record.http_status == 503
         # The tracker's clock is time.monotonic, as is the loop's.
         assert record.state_since - flipped < 0.8
-        assert record.state_since - last_report < 0.8, "arrived with a heartbeat, not at once"
 
 
-async def test_heartbeats_keep_observed_at_fresh(
+async def test_resyncs_keep_observed_at_fresh(
     start_aggregator: StartAggregator, make_agent: MakeAgent, fake_proxy: FakeServeProxy
 ) -> None:
-    ttl = 1.0
-    aggregator = await start_aggregator(
-        kube_backend="memory", heartbeat_interval=0.25, heartbeat_ttl=ttl
-    )
+    resync = 0.25
+    aggregator = await start_aggregator(kube_backend="memory", resync_interval=resync)
     agent = make_agent(fake_proxy.url, aggregator=f"127.0.0.1:{aggregator.port}")
     async with running(agent):
         record = await eventually(tracked(aggregator), timeout=10)
@@ -456,10 +463,9 @@ async def test_heartbeats_keep_observed_at_fresh(
 
         await eventually(fresh_reports, timeout=10)
     gaps = [later - earlier for earlier, later in itertools.pairwise(seen)]
-    assert seen[-1] - seen[0] > ttl  # longer than one TTL with an unchanged proxy...
-    assert max(gaps) < 0.25 * 1.1 + 0.2  # ...bridged by heartbeats at the asked interval
+    assert max(gaps) < resync + 0.2  # resyncs at the asked interval (jittered only shorter)
     assert record.state is ServeState.SERVING
-    assert record.state_since == serving_since  # never went SILENT in between
+    assert record.state_since == serving_since
 
 
 async def test_agent_reconnects_and_resends_its_state(
@@ -477,18 +483,17 @@ async def test_agent_reconnects_and_resends_its_state(
         await eventually(lambda: (r := first.core.pod(KEY)) and r.state is ServeState.SERVING)
         await first.stop()
         await eventually(lambda: not agent.stream.connected.is_set())
-        # A new aggregator on the same address, with heartbeats far apart: the agent's first
-        # report on the new stream must come at once, not with a heartbeat.
+        # A new aggregator on the same address, with resyncs far apart: the agent's first
+        # report on the new stream must come at once, not with a resync.
         second = await start_aggregator(
             kube_backend="memory",
             listen=f"127.0.0.1:{port}",
-            heartbeat_interval=30.0,
-            heartbeat_ttl=60.0,
+            resync_interval=40.0,
         )
         await asyncio.wait_for(agent.stream.connected.wait(), 10)
         record = await eventually(lambda: second.core.pod(KEY), timeout=5)
         await eventually(lambda: record.state is ServeState.SERVING, timeout=5)
-        assert agent.stream.heartbeat_interval == 30.0
+        assert agent.stream.full_send_interval == 40.0
 
 
 # -- against a misbehaving aggregator -------------------------------------------------------

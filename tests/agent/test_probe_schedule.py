@@ -16,7 +16,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from node_agent.probing import PodProbe
+from node_agent.probing import PodProbe, next_tick
+from node_agent.watchdog import Watchdog
 from servehealth_common.backoff import jittered_below
 from servehealth_common.http import HTTPClient
 from servehealth_common.probe import Prober, ProbeResult, make_session
@@ -61,7 +62,12 @@ async def session() -> AsyncIterator[HTTPClient]:
 
 
 async def run_loop(
-    session: HTTPClient, proxy: FakeServeProxy, schedule: Schedule, rng: random.Random
+    session: HTTPClient,
+    proxy: FakeServeProxy,
+    schedule: Schedule,
+    rng: random.Random,
+    grid_phase: float | None = None,
+    watchdog: Watchdog | None = None,
 ) -> None:
     prober = Prober(session, 0.5)
     probe = PodProbe(
@@ -72,6 +78,8 @@ async def run_loop(
         on_result=schedule.on_result,
         rng=rng,
         name="test proxy",
+        grid_phase=grid_phase,
+        watchdog=watchdog,
         clock=schedule.clock,
         sleep=schedule.sleep,
     )
@@ -119,3 +127,43 @@ def test_the_period_is_only_jittered_shorter(seed: int) -> None:
     rng = random.Random(seed)
     for _ in range(50):
         assert 0.9 * INTERVAL <= jittered_below(INTERVAL, rng) <= INTERVAL
+
+
+# -- DaemonSet agents: the pods of a node on one grid ---------------------------------------
+
+
+@pytest.mark.parametrize("after", [0.0, 0.3, 0.75, 1.2, 1000.01, -5.0])
+def test_next_tick_is_the_one_grid_tick_within_the_interval_after(after: float) -> None:
+    phase = 0.2
+    tick = next_tick(after, phase, INTERVAL)
+    assert after < tick <= after + INTERVAL + 1e-9
+    assert ((tick - phase) / INTERVAL) == pytest.approx(round((tick - phase) / INTERVAL))
+
+
+async def test_on_a_grid_probes_start_on_its_ticks_and_at_least_every_interval(
+    session: HTTPClient, fake_proxy: FakeServeProxy
+) -> None:
+    schedule = Schedule(DURATIONS)
+    phase = schedule.clock() + 0.33
+    await run_loop(session, fake_proxy, schedule, random.Random(5), grid_phase=phase)
+    started = schedule.clock.now - sum(DURATIONS) - sum(schedule.sleeps)  # the first start
+    for duration, slept in zip(DURATIONS, schedule.sleeps, strict=True):
+        next_start = started + duration + slept
+        assert next_start - started <= max(duration, INTERVAL) + 1e-9
+        if slept > 0:  # waited for a tick: on the grid
+            ticks = (next_start - phase) / INTERVAL
+            assert ticks == pytest.approx(round(ticks))
+        started = next_start
+
+
+async def test_each_turn_of_the_probe_loop_beats_the_watchdog(
+    session: HTTPClient, fake_proxy: FakeServeProxy
+) -> None:
+    schedule = Schedule([0.1, 0.1])
+    watchdog = Watchdog(3.0, clock=schedule.clock)
+    await run_loop(session, fake_proxy, schedule, random.Random(2), watchdog=watchdog)
+    # The loop ended (by the fake sleep's exception): it no longer counts as a probe loop.
+    schedule.clock.advance(10)
+    assert watchdog.stall() is not None  # the event loop did not beat in 10 s
+    watchdog.loop_beat()
+    assert watchdog.stall() is None  # and no probe loop is left to stall

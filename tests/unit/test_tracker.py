@@ -191,3 +191,81 @@ def test_detach_only_clears_the_stream_that_owns_the_pod() -> None:
     assert tracker.get(POD).agent == 1  # type: ignore[union-attr]
     tracker.detach([POD], 1)
     assert tracker.get(POD).agent is None  # type: ignore[union-attr]
+
+
+# -- pods kept alive by an open on-change stream --------------------------------------------
+
+
+def test_an_open_on_change_stream_keeps_its_pod_alive_past_the_heartbeat_ttl() -> None:
+    tracker, clock = make(heartbeat_ttl=3.0, kept_ttl=90.0)
+    tracker.observe(POD, Observation(S.SERVING), agent=1, kept=True)
+    record = tracker.get(POD)
+    assert record is not None
+    clock.advance(60)
+    assert tracker.expire() == []
+    assert record.state is S.SERVING
+    assert tracker.agent_speaks(record, clock())
+    clock.advance(30)  # the kept TTL: three resyncs missed
+    [silent] = tracker.expire()
+    assert silent.new is S.SILENT
+    assert "No report or resync for 90.0s" in silent.reason
+
+
+def test_a_heartbeat_stream_does_not_keep_its_pod_alive() -> None:
+    tracker, clock = make(heartbeat_ttl=3.0, kept_ttl=90.0)
+    tracker.observe(POD, Observation(S.SERVING), agent=1)  # an agent before 0.2.0
+    record = tracker.get(POD)
+    assert record is not None
+    clock.advance(2)
+    assert tracker.agent_speaks(record, clock())
+    clock.advance(1)
+    assert not tracker.agent_speaks(record, clock())
+    assert [t.new for t in tracker.expire()] == [S.SILENT]
+
+
+def test_when_a_kept_pods_stream_ends_it_gets_the_heartbeat_ttl_from_then() -> None:
+    tracker, clock = make(heartbeat_ttl=3.0, kept_ttl=90.0)
+    tracker.observe(POD, Observation(S.SERVING), agent=1, kept=True)
+    clock.advance(50)  # long after its last report
+    tracker.detach([POD], 1)
+    record = tracker.get(POD)
+    assert record is not None
+    assert (record.agent, record.kept) == (None, False)
+    assert not tracker.agent_speaks(record, clock())
+    clock.advance(2.9)
+    assert tracker.expire() == []  # time to reconnect, or for a pull
+    clock.advance(0.1)
+    [silent] = tracker.expire()
+    assert silent.reason.startswith("Its agent's stream ended 3.0s ago")
+
+
+def test_a_reconnected_agent_keeps_its_pod_again() -> None:
+    tracker, clock = make(heartbeat_ttl=3.0, kept_ttl=90.0)
+    tracker.observe(POD, Observation(S.SERVING), agent=1, kept=True)
+    tracker.detach([POD], 1)
+    clock.advance(1)
+    tracker.observe(POD, Observation(S.SERVING), agent=2, kept=True)
+    clock.advance(60)
+    assert tracker.expire() == []
+    record = tracker.get(POD)
+    assert record is not None
+    assert (record.agent, record.kept, record.agent_left_at) == (2, True, None)
+
+
+def test_a_pull_of_a_kept_pod_leaves_it_kept() -> None:
+    """A look (PANIC) may probe a pod whose agent is connected: it must not move the pod to
+    the pull TTL, or a steady pod would go SILENT one pull TTL later."""
+    tracker, clock = make(heartbeat_ttl=3.0, pull_ttl=8.0, kept_ttl=90.0)
+    tracker.observe(POD, Observation(S.SERVING), agent=1, kept=True)
+    clock.advance(1)
+    tracker.observe(POD, Observation(S.SERVING, source=Source.PULL))
+    clock.advance(30)
+    assert tracker.expire() == []
+
+
+def test_allow_silence_only_raises_the_kept_ttl() -> None:
+    tracker, _ = make(kept_ttl=90.0)
+    tracker.allow_silence(60.0)
+    assert tracker.settings.kept_ttl == 90.0
+    tracker.allow_silence(720.0)
+    assert tracker.settings.kept_ttl == 720.0

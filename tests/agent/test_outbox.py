@@ -1,0 +1,107 @@
+"""The outbox (what is due) and how the stream reads the aggregator's settings."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from node_agent.flags import AgentFlags
+from node_agent.outbox import Outbox
+from node_agent.stream import MIN_HEARTBEAT_INTERVAL, ReportClient
+from servehealth.v1 import servehealth_pb2 as pb
+from servehealth_common.probe import ProbeResult
+from servehealth_common.states import ServeState
+
+S = ServeState
+
+
+def result(state: ServeState) -> ProbeResult:
+    return ProbeResult(state, state.name, 200, 0.001)
+
+
+def due(outbox: Outbox) -> list[ServeState]:
+    return [probe.state for _, probe in outbox.take(everything=False)]
+
+
+def test_a_change_is_due_with_the_confirmations_that_follow_it() -> None:
+    outbox = Outbox()
+    outbox.reports_per_change = 3
+    outbox.put("a", None, result(S.SERVING), changed=True)
+    assert due(outbox) == [S.SERVING]
+    for _ in range(2):  # the next two results confirm it
+        outbox.put("a", None, result(S.SERVING), changed=False)
+        assert outbox.changed.is_set()
+        outbox.changed.clear()
+        assert due(outbox) == [S.SERVING]
+    outbox.put("a", None, result(S.SERVING), changed=False)  # then nothing until a resync
+    assert not outbox.changed.is_set()
+    assert due(outbox) == []
+    assert [probe.state for _, probe in outbox.take(everything=True)] == [S.SERVING]
+
+
+def test_a_new_change_restarts_the_confirmations() -> None:
+    outbox = Outbox()
+    outbox.reports_per_change = 2
+    outbox.put("a", None, result(S.SERVING), changed=True)
+    outbox.put("a", None, result(S.NOT_READY), changed=True)
+    outbox.put("a", None, result(S.NOT_READY), changed=False)
+    assert due(outbox) == [S.NOT_READY]
+    outbox.put("a", None, result(S.NOT_READY), changed=False)
+    assert due(outbox) == []
+
+
+def test_without_confirmations_only_changes_are_due() -> None:
+    outbox = Outbox()  # reports_per_change 1: heartbeats carry the rest
+    outbox.put("a", None, result(S.SERVING), changed=True)
+    outbox.put("a", None, result(S.SERVING), changed=False)
+    assert due(outbox) == [S.SERVING]
+    outbox.put("a", None, result(S.SERVING), changed=False)
+    assert due(outbox) == []
+
+
+def test_a_discarded_pod_owes_nothing() -> None:
+    outbox = Outbox()
+    outbox.reports_per_change = 2
+    outbox.put("a", None, result(S.SERVING), changed=True)
+    outbox.discard("a")
+    outbox.put("a", None, result(S.SERVING), changed=True)  # back: new again
+    outbox.put("a", None, result(S.SERVING), changed=False)
+    assert len(due(outbox)) == 1
+    assert "a" in outbox
+
+
+def client() -> ReportClient:
+    settings = AgentFlags(aggregator="127.0.0.1:1", token_file="")
+    hello = pb.Hello(mode=pb.AGENT_MODE_SIDECAR)
+    return ReportClient(settings, hello, Outbox(), who="test", rng=random.Random(1))
+
+
+def settings_message(heartbeat: float, resync: float = 0, per_change: int = 0) -> object:
+    message = pb.AgentSettings(reports_per_change=per_change)
+    message.heartbeat_interval.FromNanoseconds(round(heartbeat * 1e9))
+    if resync:
+        message.resync_interval.FromNanoseconds(round(resync * 1e9))
+    return pb.AggregatorMessage(settings=message)
+
+
+def test_the_hello_says_the_agent_reports_on_change() -> None:
+    stream = client()
+    assert stream._hello.hello.reports_on_change
+
+
+def test_an_aggregator_that_gives_a_resync_interval_gets_changes_and_resyncs() -> None:
+    stream = client()
+    stream._apply(settings_message(1.0, resync=240.0, per_change=2))
+    assert (stream.on_change, stream.full_send_interval) == (True, 240.0)
+    assert stream.outbox.reports_per_change == 2
+
+
+@pytest.mark.parametrize("heartbeat", [1.0, 0.000001])
+def test_an_aggregator_before_0_2_gets_heartbeats(heartbeat: float) -> None:
+    stream = client()
+    stream._apply(settings_message(3.0, resync=240.0, per_change=2))
+    stream._apply(settings_message(heartbeat))  # an older aggregator, after a failover
+    assert not stream.on_change
+    assert stream.full_send_interval == max(heartbeat, MIN_HEARTBEAT_INTERVAL)
+    assert stream.outbox.reports_per_change == 1
