@@ -1,26 +1,44 @@
-"""Ingest: N simulated sidecar agents against one aggregator process on one core.
+"""Ingest: N simulated sidecar agents, each on its own connection, against one aggregator core.
 
-Three processes on a 2-core machine:
+Processes on a 2-core machine:
 
 - the **aggregator** (``python -m aggregator``, Kubernetes backend), pinned to core 0 with
-  ``taskset -c 0``: the thing measured;
+  ``taskset -c 0``: the thing measured. ``--aggregator-root PATH`` runs it from another checkout
+  (a ``git worktree`` of an older commit: ``PYTHONPATH=PATH:PATH/proto``, ``cwd=PATH``), so that
+  before and after are measured by this same bench. ``--aggregator-arg`` passes it a flag
+  (repeatable); by default none: its keepalive and other defaults are what is measured.
 - the **Kubernetes API emulator** (tests/kube/emulator.py over real HTTP), pinned to core 1:
   holds the N pods and timestamps every label PATCH on arrival;
-- the **load**, pinned to core 1: N agents, each its own ``Report`` stream (multiplexed over
-  ``--channels`` gRPC channels), reporting at 1 Hz (each at its own phase), with a 1 % chance
-  per report to turn NOT_READY (and back to SERVING 3 s later).
+- the **load**: one or more processes (:mod:`bench.ingest_load`), pinned to core 1. Each agent
+  is its own ``Report`` stream on its own gRPC channel, i.e. its own TCP connection, with the
+  real agent's channel options (``node_agent.stream.CHANNEL_OPTIONS``: keepalive pings). The
+  protocol (``--protocol``) is ``on-change`` (default: ``Hello.reports_on_change``, a change at
+  once plus its confirmations, a resync per ``resync_interval``; heartbeats when the aggregator
+  sends no resync interval) or ``heartbeat`` (agents before 0.2.0: every pod every
+  ``heartbeat_interval``). 1 % of pods turn NOT_READY per second (per report with heartbeats),
+  back to SERVING 3 s later.
 
-Measured over ``--duration`` seconds after ``--warmup``: reports/s the aggregator counted
-(``serve_health_reports_total``), its CPU (share of one core) and RSS, memory per tracked pod
-(RSS growth from an empty aggregator to one with N pods and N streams, divided by N), and the
-latency from a state change leaving the agent to its label write (``false``) reaching the
-emulator, p50/p99. Clocks: all three processes read the same CLOCK_MONOTONIC.
+Limits: this machine allows 20,000 open files per process (hard; it cannot be raised here).
+The aggregator holds one per connection, so at most ``soft limit - 500`` connections are
+opened; more agents share them round-robin (each still its own stream), which the run prints
+and reports (``connections``). A load process holds at most 9,000 connections.
+
+Measured over ``--duration`` seconds after ``--warmup`` (which starts once every agent is
+connected): reports/s the aggregator counted (``serve_health_reports_total``) and messages/s
+the load sent; the aggregator's CPU (share of one core) and RSS; bytes per agent (RSS with N
+agents connected minus RSS empty, / N); the latency from a state change leaving the agent to its
+label write (``false``) reaching the emulator, p50/p99; every stream that ended without the
+load ending it; the load's own event-loop lag (a 100 ms ticker per process), its late sends
+(> 100 ms) and CPU. A run whose load lagged (p99 > 50 ms or max > 500 ms) or used > 90 % of its
+core is NOT A RESULT. Clocks: every process reads the same CLOCK_MONOTONIC.
 
     python -m bench.ingest --agents 10000
-    python -m bench.ingest --find-max            # 2,000 ... up: the largest N holding 1 Hz
-                                                 # with p99 < 1 s
+    python -m bench.ingest --agents 2000 --protocol heartbeat --aggregator-root ../old
+    python -m bench.ingest --find-max   # 2,000, 5,000, 10,000, ... 30,000 until one fails
 
-Writes bench/results/ingest.json. Loopback only; every process is stopped at the end.
+Holds: every flip written, p99 < 1 s, no stream ended by the server, aggregator CPU < 90 % of
+its core, load not the bottleneck. Writes bench/results/ingest.json. Loopback only; every
+process is stopped at the end. Runs above 2,000 agents: ``flock /tmp/bench.lock python -m ...``.
 """
 
 from __future__ import annotations
@@ -29,16 +47,15 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import multiprocessing as mp
 import os
-import random
+import resource
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -49,23 +66,30 @@ if __package__ in (None, ""):
 import grpc
 
 from bench import harness, procstat
+from bench.ingest_load import HEARTBEAT, NAMESPACE, ON_CHANGE, load_main
+from bench.ingest_result import Result, summarise, table
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
 
 OUTPUT = harness.REPO_ROOT / "bench" / "results" / "ingest.json"
-NAMESPACE = "bench"
 LABEL = "ray.io/serve"
-FLIP_CHANCE = 0.01
-FLIP_BACK_AFTER = 3.0
+FIND_MAX_SIZES = (2_000, 5_000, 10_000, 15_000, 20_000, 25_000, 30_000)
+#: File descriptors the aggregator keeps for itself (listeners, epoll, logs, Kubernetes API).
+FD_RESERVE = 500
+#: Connections one load process holds at most (it needs one file descriptor each).
+CONNECTIONS_PER_LOAD = 9_000
+#: After the window, how long the last label writes get to land.
+WRITE_GRACE = 3.0
 
 
 # -- the emulator process -----------------------------------------------------------------
 
 
-def emulator_main(conn: Connection, kubeconfig: str) -> None:
+def emulator_main(conn: Connection, kubeconfig: str, pin: bool) -> None:
     """Serve the emulator; answer commands on ``conn`` until told to stop."""
-    with contextlib.suppress(OSError):
-        os.sched_setaffinity(0, {1})
+    if pin:
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(0, {1})
     asyncio.run(_emulator(conn, kubeconfig))
 
 
@@ -107,18 +131,22 @@ async def _emulator(conn: Connection, kubeconfig: str) -> None:
                 return
 
 
-def labels_of(body: Any) -> dict[str, str]:
-    return ((body or {}).get("metadata") or {}).get("labels") or {}
-
-
 class Emulator:
-    def __init__(self, kubeconfig: str) -> None:
+    def __init__(self, kubeconfig: str, pin: bool) -> None:
         context = mp.get_context("spawn")
         self._conn, child = context.Pipe()
-        self._process = context.Process(target=emulator_main, args=(child, kubeconfig), daemon=True)
+        self._process = context.Process(
+            target=emulator_main, args=(child, kubeconfig, pin), daemon=True
+        )
         self._process.start()
         if not self._conn.poll(60) or self._conn.recv() != "ready":
+            self._process.kill()
             raise RuntimeError("the emulator did not start")
+
+    @property
+    def pid(self) -> int:
+        assert self._process.pid is not None
+        return self._process.pid
 
     def call(self, command: str, argument: Any = None, timeout: float = 300) -> Any:
         self._conn.send((command, argument))
@@ -132,12 +160,15 @@ class Emulator:
         self._process.join(10)
         if self._process.is_alive():
             self._process.kill()
+            self._process.join(5)
 
 
 # -- the aggregator process ---------------------------------------------------------------
 
 
-def start_aggregator(log_dir: Path, kubeconfig: str, pin: bool) -> harness.AggregatorProcess:
+def start_aggregator(
+    log_dir: Path, kubeconfig: str, pin: bool, root: Path | None, extra: list[str]
+) -> harness.AggregatorProcess:
     port, metrics_port = harness.free_port(), harness.free_port()
     args = [
         "-m",
@@ -166,7 +197,11 @@ def start_aggregator(log_dir: Path, kubeconfig: str, pin: bool) -> harness.Aggre
         "none",
         "--log-level",
         "warning",
+        *extra,
     ]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if root is not None:
+        env["PYTHONPATH"] = f"{root}:{root / 'proto'}"
     prefix = ["taskset", "-c", "0"] if pin else []
     log_path = log_dir / "aggregator.log"
     log = log_path.open("wb")
@@ -175,9 +210,9 @@ def start_aggregator(log_dir: Path, kubeconfig: str, pin: bool) -> harness.Aggre
         stdin=subprocess.DEVNULL,
         stdout=log,
         stderr=subprocess.STDOUT,
-        cwd=harness.REPO_ROOT,
+        cwd=root or harness.REPO_ROOT,
         start_new_session=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env=env,
     )
     process = harness.AggregatorProcess(
         "aggregator", popen, log_path, log, port=port, metrics_port=metrics_port
@@ -196,195 +231,7 @@ def start_aggregator(log_dir: Path, kubeconfig: str, pin: bool) -> harness.Aggre
     return process
 
 
-# -- the load -----------------------------------------------------------------------------
-
-
-@dataclass
-class Load:
-    sent: int = 0
-    acked: int = 0
-    late: int = 0  # ticks that went out more than 100 ms after their time
-    max_lag: float = 0.0
-    flips: list[tuple[str, float]] = field(default_factory=list)  # (pod, t0 monotonic)
-    errors: int = 0
-    reconnects: int = 0
-    error_samples: list[str] = field(default_factory=list)
-
-
-async def agent(
-    channel: grpc.aio.Channel,
-    name: str,
-    uid: str,
-    load: Load,
-    start: float,
-    stop: float,
-    measure_from: float,
-    rng: random.Random,
-    connecting: asyncio.Semaphore,
-) -> None:
-    hello = pb.AgentMessage(
-        hello=pb.Hello(
-            mode=pb.AGENT_MODE_SIDECAR,
-            pod=pb.PodRef(namespace=NAMESPACE, name=name, uid=uid),
-            node_name="bench",
-            agent_version="bench",
-        )
-    )
-    # Connect a few hundred at a time, as a fleet does (thousands of RPCs opened in the same
-    # instant fail in the client's gRPC core with INTERNAL); retry like an agent.
-    for attempt in range(5):
-        call = pb_grpc.ReportServiceStub(channel).Report()
-        try:
-            async with connecting:
-                await call.write(hello)
-                await call.read()  # settings
-            break
-        except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as error:
-            call.cancel()
-            load.reconnects += 1
-            if attempt == 4:
-                load.errors += 1
-                load.error_samples.append(f"connect: {error!r}"[:200])
-                return
-            await asyncio.sleep(0.2 * (attempt + 1))
-    try:
-
-        async def read_acks() -> None:
-            while (await call.read()) is not grpc.aio.EOF:
-                load.acked += 1
-
-        reader = asyncio.create_task(read_acks())
-        loop = asyncio.get_running_loop()
-        tick = start + rng.random()
-        sequence = 0
-        serving_again_at = 0.0
-        state = pb.SERVE_STATE_SERVING
-        while tick < stop:
-            delay = tick - loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            lag = loop.time() - tick
-            if lag > 0.1:
-                load.late += 1
-            load.max_lag = max(load.max_lag, lag)
-            sequence += 1
-            now = time.monotonic()
-            if state == pb.SERVE_STATE_SERVING and rng.random() < FLIP_CHANCE:
-                state = pb.SERVE_STATE_NOT_READY
-                serving_again_at = now + FLIP_BACK_AFTER
-                if now >= measure_from:
-                    load.flips.append((name, now))
-            elif state == pb.SERVE_STATE_NOT_READY and now >= serving_again_at:
-                state = pb.SERVE_STATE_SERVING
-            await call.write(
-                pb.AgentMessage(
-                    reports=pb.ReportBatch(
-                        reports=[pb.PodReport(state=state, sequence=sequence, http_status=200)]
-                    )
-                )
-            )
-            load.sent += 1
-            tick += 1.0
-        reader.cancel()
-        # The end of the run, not an error; the call may have ended already (then grpc raises
-        # its internal ExecuteBatchError, not an AioRpcError).
-        with contextlib.suppress(Exception):
-            await call.done_writing()
-    except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as error:
-        load.errors += 1
-        if len(load.error_samples) < 5:
-            when = asyncio.get_running_loop().time() - start
-            load.error_samples.append(f"{when:.1f}s: {error!r}"[:200])
-    finally:
-        call.cancel()
-
-
-async def run_load(
-    address: str, uids: list[str], channels: int, warmup: float, duration: float, seed: int
-) -> Load:
-    load = Load()
-    rng = random.Random(seed)
-    opened = [
-        grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
-        for _ in range(channels)
-    ]
-    loop = asyncio.get_running_loop()
-    connecting = asyncio.Semaphore(200)
-    start = loop.time() + 2.0
-    measure_from = time.monotonic() + 2.0 + warmup
-    stop = start + warmup + duration
-    try:
-        await asyncio.gather(
-            *(
-                agent(
-                    opened[i % channels],
-                    f"pod-{i}",
-                    uid,
-                    load,
-                    start,
-                    stop,
-                    measure_from,
-                    random.Random(rng.random()),
-                    connecting,
-                )
-                for i, uid in enumerate(uids)
-            )
-        )
-    finally:
-        for channel in opened:
-            await channel.close()
-    return load
-
-
-def load_main(conn: Connection, address: str, uids: list[str], options: dict[str, Any]) -> None:
-    with contextlib.suppress(OSError):
-        os.sched_setaffinity(0, {1})
-    load = asyncio.run(
-        run_load(
-            address,
-            uids,
-            options["channels"],
-            options["warmup"],
-            options["duration"],
-            options["seed"],
-        )
-    )
-    conn.send(asdict(load))
-
-
-# -- one measurement ----------------------------------------------------------------------
-
-
-@dataclass
-class Result:
-    agents: int
-    duration_s: float
-    reports_per_s: float
-    reports_per_s_per_agent: float
-    aggregator_cpu_percent: float
-    aggregator_rss_mib: float
-    rss_empty_mib: float
-    bytes_per_pod: float
-    flips: int
-    flips_written: int
-    latency_p50_ms: float | None
-    latency_p99_ms: float | None
-    load_late_ticks: int
-    load_max_lag_ms: float
-    stream_errors: int
-    error_samples: list[str]
-    reconnects: int
-
-    @property
-    def holds(self) -> bool:
-        return (
-            self.reports_per_s_per_agent >= 0.97
-            and self.latency_p99_ms is not None
-            and self.latency_p99_ms < 1000
-        )
-
-
-def wait_for_pods(address: str, count: int, timeout: float = 120) -> None:
+def wait_for_pods(address: str, count: int, timeout: float = 180) -> None:
     """Until the aggregator tracks ``count`` pods (its watch delivered them)."""
     deadline = time.monotonic() + timeout
     with grpc.insecure_channel(address) as channel:
@@ -396,175 +243,261 @@ def wait_for_pods(address: str, count: int, timeout: float = 120) -> None:
     raise RuntimeError(f"the aggregator did not discover {count} pods in {timeout:g}s")
 
 
-def measure(agents: int, options: dict[str, Any], pin: bool) -> Result:
-    log_dir = Path(tempfile.mkdtemp(prefix="serve-health-ingest-"))
-    kubeconfig = str(log_dir / "kubeconfig")
-    emulator = Emulator(kubeconfig)
-    aggregator = None
-    try:
-        aggregator = start_aggregator(log_dir, kubeconfig, pin)
-        time.sleep(2)
-        rss_empty = procstat.rss_bytes(aggregator.pid)
-        uids = emulator.call("add", agents)
-        wait_for_pods(aggregator.address, agents)  # the watch delivers them
-        context = mp.get_context("spawn")
-        parent, child = context.Pipe()
-        load_process = context.Process(
-            target=load_main, args=(child, aggregator.address, uids, options), daemon=True
-        )
-        load_process.start()
-        window = procstat.CpuWindow(aggregator.pid)
-        time.sleep(2.0 + options["warmup"])
-        mark = emulator.call("mark")
-        window.start()
-        reports_before = reports_counted(aggregator)
-        time.sleep(options["duration"])
-        cpu = window.stop()
-        reports_after = reports_counted(aggregator)
-        rss = procstat.rss_bytes(aggregator.pid)
-        if not parent.poll(options["duration"] + 60):
-            raise RuntimeError("the load did not finish")
-        load = parent.recv()
-        load_process.join(10)
-        time.sleep(2)  # the last writes land
-        patches = emulator.call("patches", mark)
-        return summarise(
-            agents, options, load, patches, cpu, rss, rss_empty, reports_after - reports_before
-        )
-    finally:
-        if aggregator is not None:
-            aggregator.stop()
-        emulator.stop()
-
-
 def reports_counted(aggregator: harness.AggregatorProcess) -> float:
     """serve_health_reports_total, from the aggregator's /metrics."""
     value = harness.metric_value(aggregator.metrics_port, "serve_health_reports_total")
     return value or 0.0
 
 
-def summarise(
-    agents: int,
-    options: dict[str, Any],
-    load: dict[str, Any],
-    patches: list[tuple[str, dict[str, str], float]],
-    cpu: float,
-    rss: int,
-    rss_empty: int,
-    reports: float,
-) -> Result:
-    first_false: dict[str, list[float]] = {}
-    for name, labels, at in patches:
-        if labels.get(LABEL) == "false":
-            first_false.setdefault(name, []).append(at)
-    latencies = []
-    for name, t0 in load["flips"]:
-        later = [at for at in first_false.get(name, []) if at >= t0]
-        if later:
-            latencies.append(min(later) - t0)
-    latencies.sort()
+# -- the load processes -------------------------------------------------------------------
 
-    def percentile(q: float) -> float | None:
-        if not latencies:
-            return None
-        return latencies[min(len(latencies) - 1, round(q * (len(latencies) - 1)))] * 1000
 
-    duration = options["duration"]
-    return Result(
-        agents=agents,
-        duration_s=duration,
-        reports_per_s=round(reports / duration, 1),
-        reports_per_s_per_agent=round(reports / duration / agents, 3),
-        aggregator_cpu_percent=round(cpu * 100, 1),
-        aggregator_rss_mib=round(rss / 2**20, 1),
-        rss_empty_mib=round(rss_empty / 2**20, 1),
-        bytes_per_pod=round((rss - rss_empty) / agents),
-        flips=len(load["flips"]),
-        flips_written=len(latencies),
-        latency_p50_ms=round(statistics.median(latencies) * 1000, 1) if latencies else None,
-        latency_p99_ms=round(percentile(0.99), 1) if latencies else None,
-        load_late_ticks=load["late"],
-        load_max_lag_ms=round(load["max_lag"] * 1000, 1),
-        stream_errors=load["errors"],
-        error_samples=load["error_samples"],
-        reconnects=load["reconnects"],
+def plan_connections(agents: int, requested: int | None, fd_limit: int) -> tuple[int, str]:
+    """How many connections N agents get, and why fewer than N (empty: one each)."""
+    allowed = fd_limit - FD_RESERVE
+    connections = min(agents, allowed, requested or agents)
+    if connections == agents:
+        return connections, ""
+    if requested is not None and requested < min(agents, allowed):
+        why = f"--connections {requested}"
+    else:
+        why = (
+            f"the aggregator holds one file descriptor per connection and may open {fd_limit:,} "
+            f"(RLIMIT_NOFILE; the hard limit here, it cannot be raised), {FD_RESERVE} kept for "
+            "itself"
+        )
+    return connections, why
+
+
+def split_load(agents: int, connections: int) -> list[tuple[int, int, int]]:
+    """(first agent, agents, connections) of each load process, as even as possible."""
+    processes = math.ceil(connections / CONNECTIONS_PER_LOAD)
+    shares = []
+    first = 0
+    for k in range(processes):
+        count = agents * (k + 1) // processes - agents * k // processes
+        held = connections * (k + 1) // processes - connections * k // processes
+        shares.append((first, count, held))
+        first += count
+    return shares
+
+
+class LoadProcess:
+    """One load process and its pipe."""
+
+    def __init__(self, address: str, pods: list[tuple[str, str]], options: dict[str, Any]) -> None:
+        context = mp.get_context("spawn")
+        self._conn, child = context.Pipe()
+        self.process = context.Process(
+            target=load_main, args=(child, address, pods, options), daemon=True
+        )
+        self.process.start()
+        self.window = procstat.CpuWindow(self.pid)
+
+    @property
+    def pid(self) -> int:
+        assert self.process.pid is not None
+        return self.process.pid
+
+    def receive(self, expected: str, timeout: float) -> Any:
+        if not self._conn.poll(timeout):
+            raise TimeoutError(f"load process {self.pid}: no {expected!r} in {timeout:g}s")
+        kind, value = self._conn.recv()
+        if kind != expected:
+            raise RuntimeError(f"load process {self.pid}: {kind!r}, not {expected!r}")
+        return value
+
+    def send(self, *message: Any) -> None:
+        self._conn.send(message)
+
+    def stop(self) -> dict[str, Any]:
+        self.send("stop")
+        stats = self.receive("done", 120)
+        self.process.join(40)
+        return stats
+
+    def kill(self) -> None:
+        if self.process.is_alive():
+            with contextlib.suppress(Exception):
+                self.send("stop")
+            self.process.join(20)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(5)
+
+
+# -- one measurement ----------------------------------------------------------------------
+
+
+def measure(agents: int, options: dict[str, Any], pin: bool, fd_limit: int) -> Result:
+    connections, why = plan_connections(agents, options["connections"], fd_limit)
+    if why:
+        print(f"{agents:,} agents share {connections:,} connections round-robin: {why}")
+    shares = split_load(agents, connections)
+    log_dir = Path(tempfile.mkdtemp(prefix="serve-health-ingest-"))
+    kubeconfig = str(log_dir / "kubeconfig")
+    root: Path | None = options["aggregator_root"]
+    emulator = Emulator(kubeconfig, pin)
+    aggregator = None
+    loads: list[LoadProcess] = []
+    try:
+        aggregator = start_aggregator(
+            log_dir, kubeconfig, pin, root, options["aggregator_arg"] or []
+        )
+        time.sleep(2)
+        rss_empty = procstat.rss_bytes(aggregator.pid)
+        uids = emulator.call("add", agents)
+        wait_for_pods(aggregator.address, agents)  # the watch delivers them
+        rss_pods = procstat.rss_bytes(aggregator.pid)
+        pods = [(f"pod-{i}", uid) for i, uid in enumerate(uids)]
+        connect_timeout = 60 + agents / 200
+        for k, (first, count, held) in enumerate(shares):
+            load_options = {
+                "connections": held,
+                "protocol": options["protocol"],
+                "seed": options["seed"] * 1000 + k,
+                "connect_timeout": connect_timeout,
+                "pin": pin,
+            }
+            loads.append(LoadProcess(aggregator.address, pods[first : first + count], load_options))
+        started = time.monotonic()
+        connected = [load.receive("connected", connect_timeout + 60) for load in loads]
+        print(
+            f"  {sum(c['connected'] for c in connected):,} of {agents:,} agents connected over "
+            f"{connections:,} connections ({len(loads)} load processes) in "
+            f"{time.monotonic() - started:.1f}s",
+            flush=True,
+        )
+        measure_from = time.monotonic() + options["warmup"]
+        stop_at = measure_from + options["duration"]
+        for load in loads:
+            load.send("window", measure_from, stop_at)
+        time.sleep(max(0.0, measure_from - time.monotonic()))
+        mark = emulator.call("mark")
+        windows = [procstat.CpuWindow(aggregator.pid), procstat.CpuWindow(emulator.pid)]
+        windows += [load.window for load in loads]
+        for window in windows:
+            window.start()
+        reports_before = reports_counted(aggregator)
+        time.sleep(max(0.0, stop_at - time.monotonic()))
+        cpu = [window.stop() for window in windows]
+        reports_after = reports_counted(aggregator)
+        rss = procstat.rss_bytes(aggregator.pid)
+        fds = procstat.open_fds(aggregator.pid)
+        load_rss = [procstat.rss_bytes(load.pid) for load in loads]
+        time.sleep(WRITE_GRACE)  # the last writes land
+        patches = emulator.call("patches", mark)
+        stats = [load.stop() for load in loads]
+        exited = not aggregator.alive
+        return summarise(
+            agents=agents,
+            options=options,
+            connections=connections,
+            stats=stats,
+            patches=patches,
+            cpu=cpu,
+            rss=(rss_empty, rss_pods, rss),
+            load_rss=load_rss,
+            fds=fds,
+            reports=reports_after - reports_before,
+            exited=exited,
+            log_dir=str(log_dir),
+            measure_from=measure_from,
+        )
+    finally:
+        for load in loads:
+            load.kill()
+        if aggregator is not None:
+            aggregator.stop()
+        emulator.stop()
+
+
+def tracked_pod_bytes(root: Path | None, protocol: str, count: int = 10_000) -> float | None:
+    """bench/ingest_tracked.py against the measured checkout's aggregator (a subprocess)."""
+    root = root or harness.REPO_ROOT
+    script = Path(__file__).resolve().with_name("ingest_tracked.py")
+    done = subprocess.run(
+        [sys.executable, str(script), str(count), protocol],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": f"{root}:{root / 'proto'}"},
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
-
-
-def tracked_pod_bytes(count: int = 10_000) -> float:
-    """Python heap per tracked pod in the aggregator's own state (tracker record, registry
-    entry, keys, last observation), by tracemalloc: what grows with the fleet, apart from
-    each agent's gRPC stream (which the RSS figure above includes)."""
-    import tracemalloc
-
-    from aggregator.core import Core, CoreSettings
-    from aggregator.metrics import Metrics
-    from aggregator.puller import Puller, PullSettings
-    from aggregator.registry import MemoryRegistry
-    from aggregator.tracker import Observation, Tracker, TrackerSettings
-    from servehealth_common.pod_identity import PodInfo, PodKey
-    from servehealth_common.states import ServeState
-
-    core = Core(
-        Tracker(TrackerSettings(), time.monotonic),
-        MemoryRegistry(LABEL),
-        Metrics("b"),
-        Puller(PullSettings(5.0, 0.5, 256, 3.0), Metrics("p")),  # not started: pulls nothing
-        CoreSettings(),
-    )
-    tracemalloc.start()
-    before = tracemalloc.take_snapshot()
-    for i in range(count):
-        key = PodKey(NAMESPACE, f"raycluster-worker-{i:05d}")
-        stream = core.hello([PodInfo(key, uid=f"{i:08d}-0000-0000-0000-000000000000")])
-        core.report(stream, key, Observation(ServeState.SERVING, "success", 200, 0.002))
-    after = tracemalloc.take_snapshot()
-    tracemalloc.stop()
-    grown = sum(stat.size_diff for stat in after.compare_to(before, "filename"))
-    return grown / count
+    if done.returncode != 0:
+        print(f"tracked-pod state: not measured\n{done.stderr[-2000:]}")
+        return None
+    return float(done.stdout.split()[-1])
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--agents", type=int, default=10_000)
-    parser.add_argument("--channels", type=int, default=200)
+    parser.add_argument("--protocol", choices=(ON_CHANGE, HEARTBEAT), default=ON_CHANGE)
+    parser.add_argument(
+        "--connections",
+        "--channels",
+        type=int,
+        default=None,
+        help="connections at most (default: one per agent, up to the file limit)",
+    )
     parser.add_argument("--warmup", type=float, default=5.0)
     parser.add_argument("--duration", type=float, default=30.0)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--find-max", action="store_true", help="step N up until it fails")
     parser.add_argument("--no-pin", action="store_true", help="do not pin to cores 0 and 1")
+    parser.add_argument(
+        "--aggregator-root",
+        type=Path,
+        default=None,
+        help="run the aggregator from this checkout (e.g. a git worktree of an older commit)",
+    )
+    parser.add_argument(
+        "--aggregator-arg",
+        action="append",
+        default=[],
+        metavar="FLAG",
+        help="an extra aggregator flag, e.g. --aggregator-arg=--keepalive-time=10s (repeatable)",
+    )
     parser.add_argument("--output", type=Path, default=OUTPUT, help="JSON result file")
     args = parser.parse_args()
+    if args.aggregator_root is not None:
+        args.aggregator_root = args.aggregator_root.resolve()
+        if not (args.aggregator_root / "aggregator" / "__main__.py").exists():
+            parser.error(f"--aggregator-root {args.aggregator_root}: no aggregator package")
     pin = not args.no_pin and len(os.sched_getaffinity(0)) >= 2
+    fd_limit = procstat.raise_fd_limit()
+    if pin:
+        os.sched_setaffinity(0, {1})  # this process too stays off the aggregator's core
     options = vars(args)
-    sizes = [2_000, 5_000, 7_500, 10_000, 15_000] if args.find_max else [args.agents]
-    results = []
+    sizes = FIND_MAX_SIZES if args.find_max else (args.agents,)
+    results: list[Result] = []
     for size in sizes:
-        print(f"measuring {size} agents ...", flush=True)
-        result = measure(size, options, pin)
+        print(f"measuring {size:,} agents ({args.protocol}) ...", flush=True)
+        result = measure(size, options, pin, fd_limit)
         results.append(result)
-        print(json.dumps(asdict(result), indent=2), flush=True)
+        print(json.dumps(result.as_dict(), indent=2), flush=True)
+        if result.load_bottleneck:
+            print("NOT A RESULT: the load generator was the bottleneck", flush=True)
         if args.find_max and not result.holds:
             break
-    header = f"{'agents':>7} {'reports/s':>10} {'per agent':>9} {'CPU %':>6} {'RSS MiB':>8} "
-    header += f"{'B/pod':>6} {'p50 ms':>7} {'p99 ms':>7} {'holds':>5}"
-    print("\n" + header)
-    for r in results:
-        print(
-            f"{r.agents:>7} {r.reports_per_s:>10} {r.reports_per_s_per_agent:>9} "
-            f"{r.aggregator_cpu_percent:>6} {r.aggregator_rss_mib:>8} {r.bytes_per_pod:>6} "
-            f"{r.latency_p50_ms!s:>7} {r.latency_p99_ms!s:>7} {'yes' if r.holds else 'no':>5}"
-        )
-    per_pod = tracked_pod_bytes()
-    print(f"aggregator pinned to core 0, emulator and load to core 1: {pin}")
-    print(f"tracked-pod state (tracemalloc, 10,000 pods): {per_pod:.0f} bytes per pod")
+    print("\n" + table(results))
+    root = args.aggregator_root
+    per_pod = tracked_pod_bytes(root, args.protocol)
+    print(f"aggregator from {root or harness.REPO_ROOT}; pinned (0 / 1): {pin}")
+    if per_pod is not None:
+        print(f"tracked-pod state (tracemalloc, 10,000 pods): {per_pod:.0f} bytes per pod")
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(
         json.dumps(
             {
                 "pinned": pin,
-                "tracked_pod_bytes": round(per_pod),
-                "results": [asdict(r) for r in results],
+                "fd_limit": fd_limit,
+                "fd_hard_limit": resource.getrlimit(resource.RLIMIT_NOFILE)[1],
+                "aggregator_root": str(root or harness.REPO_ROOT),
+                "protocol": args.protocol,
+                "tracked_pod_bytes": None if per_pod is None else round(per_pod),
+                "results": [r.as_dict() for r in results],
             },
             indent=2,
         )
