@@ -54,6 +54,11 @@ class Watchdog:
 
     # -- from the watchdog thread ---------------------------------------------------------
 
+    def resumed(self) -> None:
+        """The whole process was stopped (SIGSTOP, a paused VM), not only its event loop: the
+        loops get a fresh timeout from now."""
+        self._loop_at = self._probed_at = self._clock()
+
     def stall(self) -> str | None:
         """Why the agent is stuck, or None. Probes stall when no probe loop finished a turn
         for the timeout while some run (one turn takes at most an interval and two probe
@@ -78,11 +83,19 @@ def watch_forever(
     watchdog: Watchdog,
     on_stall: Callable[[str], None],
     sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
 ) -> None:
     """The watchdog thread's body: look every tenth of the timeout; on a stall, call
-    ``on_stall`` with the reason and return."""
+    ``on_stall`` with the reason and return. If this thread itself did not run for half the
+    timeout, the whole process was stopped: the event loop, which resumes with it, gets a fresh
+    timeout (it is not the one stuck)."""
+    period = watchdog.timeout * BEAT_SHARE
     while True:
-        sleep(watchdog.timeout * BEAT_SHARE)
+        before = clock()
+        sleep(period)
+        if clock() - before > period + watchdog.timeout / 2:
+            watchdog.resumed()
+            continue
         reason = watchdog.stall()
         if reason is not None:
             on_stall(reason)

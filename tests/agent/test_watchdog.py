@@ -65,6 +65,28 @@ def test_the_thread_looks_every_tenth_of_the_timeout_and_stops_at_the_first_stal
         slept.append(seconds)
         clock.advance(seconds)
 
-    watch_forever(dog, stalls.append, sleep=sleep)
+    watch_forever(dog, stalls.append, sleep=sleep, clock=clock)
     assert stalls == ["its event loop has not run for 3.3s"]
     assert slept == [pytest.approx(TIMEOUT * BEAT_SHARE)] * 11
+
+
+def test_a_process_stopped_as_a_whole_is_not_a_stall() -> None:
+    """SIGSTOP freezes the watchdog thread too: when it wakes up long after it meant to, the
+    event loop, thawed at the same moment, gets a fresh timeout before it is judged."""
+    clock = FakeClock()
+    dog = Watchdog(TIMEOUT, clock)
+    stalls: list[str] = []
+    sleeps = 0
+
+    def sleep(seconds: float) -> None:
+        nonlocal sleeps
+        sleeps += 1
+        if sleeps == 2:
+            clock.advance(60)  # frozen for a minute in this sleep
+        elif sleeps < 20:
+            dog.loop_beat()  # the thawed loop beats again
+        clock.advance(seconds)
+
+    watch_forever(dog, stalls.append, sleep=sleep, clock=clock)
+    assert sleeps == 19 + 10  # never stalled while the loop beat; stalled 3 s after it stopped
+    assert stalls == ["its event loop has not run for 3.3s"]
