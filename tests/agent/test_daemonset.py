@@ -32,6 +32,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import grpc
 import pytest
 
 from aggregator.flags import AggregatorFlags
@@ -42,6 +43,7 @@ from node_agent.flags import AgentFlags
 from node_agent.identity import REQUIRED, MissingIdentity, node_name_from_environ
 from node_agent.stream import MAX_BATCH_REPORTS, Outbox, ReportClient
 from servehealth.v1 import servehealth_pb2 as pb
+from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
 from servehealth_common.http import HTTPClient
 from servehealth_common.kube.client import KubeClient
 from servehealth_common.pod_identity import PodKey
@@ -338,6 +340,71 @@ async def test_many_pods_go_in_batches_the_aggregator_accepts(
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+class RecordingAggregator(pb_grpc.ReportServiceServicer):
+    """Wants changes and rare resyncs (as a 0.2.0 aggregator does) and keeps every message."""
+
+    def __init__(self) -> None:
+        self.messages: list[pb.ReportBatch] = []
+
+    async def Report(
+        self, request_iterator: AsyncIterator[pb.AgentMessage], context: grpc.aio.ServicerContext
+    ) -> None:
+        hello = await context.read()
+        assert hello.hello.reports_on_change
+        settings = pb.AgentSettings(reports_per_change=2)
+        settings.heartbeat_interval.FromSeconds(1)
+        settings.resync_interval.FromSeconds(600)
+        await context.write(pb.AggregatorMessage(settings=settings))
+        while (message := await context.read()) is not grpc.aio.EOF:
+            self.messages.append(message.reports)
+
+
+async def test_pods_of_a_node_that_change_together_go_in_one_message(
+    kube_emulator: KubeEmulator, make_node_agent: MakeNodeAgent, proxies: StartProxies
+) -> None:
+    """The node's pods are probed on one grid of ticks and the stream waits a moment after a
+    first change: ten pods failing at once take one message (two if the failure landed in the
+    middle of a round), not ten."""
+    servicer = RecordingAggregator()
+    server = grpc.aio.server()
+    pb_grpc.add_ReportServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port(f"{LOOPBACK}:0")
+    await server.start()
+    started = await proxies(10)
+    for i, proxy in enumerate(started):
+        add_pod(kube_emulator, f"pod-{i}", proxy)
+    agent = make_node_agent(aggregator=f"{LOOPBACK}:{port}")
+
+    def reported(state: int) -> list[pb.ReportBatch]:
+        return [m for m in servicer.messages if any(r.state == state for r in m.reports)]
+
+    def pods_reported(state: int) -> set[str]:
+        return {r.pod.name for m in reported(state) for r in m.reports if r.state == state}
+
+    try:
+        async with running(agent):
+            await eventually(lambda: len(pods_reported(pb.SERVE_STATE_SERVING)) == 10, 10)
+            quiet = len(servicer.messages)
+            await more_probes(started[-1], 5)  # five rounds, nothing changes: nothing sent
+            assert len(servicer.messages) == quiet
+            mark = len(servicer.messages)
+            for proxy in started:
+                proxy.set((503, "No replicas are available yet."))
+            await eventually(lambda: len(pods_reported(pb.SERVE_STATE_NOT_READY)) == 10, 10)
+            changes = [
+                m
+                for m in servicer.messages[mark:]
+                if any(r.state == pb.SERVE_STATE_NOT_READY for r in m.reports)
+            ]
+            first_reports = {}
+            for index, message in enumerate(changes):
+                for report in message.reports:
+                    first_reports.setdefault(report.pod.name, index)
+            assert len(set(first_reports.values())) <= 2, [len(m.reports) for m in changes]
+    finally:
+        await server.stop(None)
 
 
 # -- what gets probed ---------------------------------------------------------------------
