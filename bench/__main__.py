@@ -59,7 +59,7 @@ SCENARIOS: dict[str, tuple[list[str], list[str]]] = {
     "failover": ([], ["--kills", "2", "--pods", "10", "--steady", "1"]),
     "panic_trials": ([], ["--seeds", "50"]),
     "mass_hang": ([], ["--pods", "100", "--trials", "1"]),
-    "liveness": ([], ["--rounds", "2"]),
+    "liveness": ([], ["--rounds", "2", "--simulated-agents", "1000", "--real-agents", "2"]),
     "baseline": ([], []),  # last: reads detection and pull_sweep results
 }
 
