@@ -10,12 +10,17 @@ carries its address (127.0.0.1 and its proxy's port), so the aggregator can prob
 process (emulator, proxies, relay) and the agents run on CPU 1.
 
 Each scenario runs ``--rounds`` times (20), each round on a fresh pod, proxy and agent. Once
-the aggregator's ``GetPod`` shows the pod pushed by its connected agent, the bench breaks the
-agent at t0 (``time.monotonic``) and polls ``GetPod`` every 10 ms (1 s deadline per call) for
-two moments:
+the aggregator's ``GetPod`` shows the pod pushed by its connected agent, the bench waits a
+random 0 to ``--phase-spread`` seconds (4; seeded by ``--seed``), breaks the agent at t0
+(``time.monotonic``) and polls ``GetPod`` every 10 ms (1 s deadline per call) for two moments:
 
 - **disconnected**: ``agent_connected`` is false (the stream ended: out of push mode);
 - **first pull**: ``source`` is ``SOURCE_PULL`` (the aggregator probed the pod itself).
+
+The random pause matters: the aggregator pings a connection that has sent nothing for
+``--keepalive-time``, so with a fixed delay after the agent's first push every round meets the
+timer at the same phase (every freeze round took 1.08 s that way, never up to the 3 s that
+2 s + 1 s allows).
 
 Scenarios, and the target for the time until ``agent_connected: false`` (p99):
 
@@ -200,7 +205,8 @@ class StderrPipe:
     def _on_readable(self) -> None:
         with contextlib.suppress(BlockingIOError):
             data = os.read(self.read_fd, 65536)
-            self.log.write(data.replace(b"\0", b""))  # the filler is NUL bytes
+            if not self.log.closed:
+                self.log.write(data.replace(b"\0", b""))  # the filler is NUL bytes
 
     def start_reading(self) -> None:
         if not self.reading:
@@ -259,6 +265,8 @@ def spawn_piped_agent(
         "--probe-timeout", harness.AGENT_PROBE_TIMEOUT,
     ]  # fmt: skip
     pipe = StderrPipe.open(log_path)
+    # The Process closes its own handle when it stops; the pipe's reader keeps its own.
+    handle = log_path.open("ab")
     try:
         popen = subprocess.Popen(
             command,
@@ -270,9 +278,10 @@ def spawn_piped_agent(
             start_new_session=True,
         )
     except BaseException:
+        handle.close()
         pipe.close()
         raise
-    return harness.Process(name, popen, log_path, pipe.log), pipe
+    return harness.Process(name, popen, log_path, handle), pipe
 
 
 def main_thread_wchan(pid: int) -> str:
@@ -359,6 +368,8 @@ class Setup:
     aggregator: harness.AggregatorProcess
     inspector: harness.Inspector
     log_dir: Path
+    rng: random.Random
+    phase_spread: float
 
 
 async def wait_tracked(setup: Setup, pod: harness.PodIdentity, within: float = 20.0) -> None:
@@ -408,6 +419,10 @@ async def run_round(setup: Setup, scenario: str, number: int, wait: float) -> di
         )
         if scenario == "stall":
             await asyncio.sleep(1.0)  # a few state changes logged: the agent is at work
+        # A random moment: the break meets the connection's keepalive timer at any phase.
+        pause = setup.rng.uniform(0.0, setup.phase_spread)
+        extra["pause_s"] = round(pause, 3)
+        await asyncio.sleep(pause)
 
         t0 = time.monotonic()
         if scenario == "kill":
@@ -709,6 +724,8 @@ async def run_agent_scenarios(
     pin: bool,
     startup_wait: float,
     log_dir: Path,
+    rng: random.Random,
+    phase_spread: float,
 ) -> list[dict[str, Any]]:
     results = []
     async with KubeEmulator() as kube, kmock.Server(kube):
@@ -721,7 +738,7 @@ async def run_agent_scenarios(
             )
             started = time.monotonic()
             inspector = harness.Inspector(aggregator.address)
-            setup = Setup(kube, aggregator, inspector, log_dir)
+            setup = Setup(kube, aggregator, inspector, log_dir, rng, phase_spread)
             print(f"aggregator pid {aggregator.pid} on {aggregator.address}, logs in {log_dir}")
             await asyncio.sleep(max(0.0, started + startup_wait - time.monotonic()))
             for scenario in scenarios:
@@ -858,7 +875,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--real-agents", type=int, default=20, help="proxy-fail-10k: real agents (20)"
     )
-    parser.add_argument("--seed", type=int, default=14, help="proxy-fail-10k: random seed (14)")
+    parser.add_argument(
+        "--phase-spread",
+        type=float,
+        default=4.0,
+        help="each break comes at a random moment up to this long after the agent was seen "
+        "pushing (4 s: any phase of a 2 s keepalive timer)",
+    )
+    parser.add_argument("--seed", type=int, default=14, help="random seed (14)")
     parser.add_argument("--no-pin", action="store_true", help="do not pin to CPUs 0 and 1")
     parser.add_argument("--output", type=Path, default=OUTPUT, help="JSON result file")
     args = parser.parse_args(argv)
@@ -898,6 +922,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     pin,
                     args.startup_wait,
                     log_dir,
+                    random.Random(args.seed),
+                    args.phase_spread,
                 )
             )
     except (harness.HarnessError, AssertionError, OSError) as failure:
