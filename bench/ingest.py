@@ -30,7 +30,10 @@ agents connected minus RSS empty, / N); the latency from a state change leaving 
 label write (``false``) reaching the emulator, p50/p99; every stream that ended without the
 load ending it; the load's own event-loop lag (a 100 ms ticker per process), its late sends
 (> 100 ms) and CPU. A run whose load lagged (p99 > 50 ms or max > 500 ms) or used > 90 % of its
-core is NOT A RESULT. Clocks: every process reads the same CLOCK_MONOTONIC.
+core is NOT A RESULT. To tell whose stall a latency outlier is: health checks of the aggregator
+every 100 ms, and the emulator's own event-loop lag (its garbage collector is off during the
+window: a full collection at 10,000 pods took a second and made the PATCHes arrive late).
+Clocks: every process reads the same CLOCK_MONOTONIC.
 
     python -m bench.ingest --agents 10000
     python -m bench.ingest --agents 2000 --protocol heartbeat --aggregator-root ../old
@@ -46,6 +49,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import math
 import multiprocessing as mp
@@ -55,6 +59,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -64,6 +69,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench import harness, procstat
 from bench.ingest_load import HEARTBEAT, NAMESPACE, ON_CHANGE, load_main
@@ -99,9 +105,29 @@ async def _emulator(conn: Connection, kubeconfig: str) -> None:
     from tests.kube.emulator import DEFAULT_POD_LABELS, KubeEmulator
 
     loop = asyncio.get_running_loop()
+    lags: list[tuple[float, float]] = []  # (when, how late a 100 ms sleep woke up)
+
+    async def ticker() -> None:
+        while True:
+            due = time.monotonic() + 0.1
+            await asyncio.sleep(0.1)
+            lags.append((due, time.monotonic() - due))
+
+    collections: list[tuple[int, float, float]] = []  # (generation, started, seconds)
+    gc_started = [0.0]
+
+    def timed(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            gc_started[0] = time.monotonic()
+        else:
+            now = time.monotonic()
+            collections.append((info["generation"], gc_started[0], now - gc_started[0]))
+
+    gc.callbacks.append(timed)
     async with KubeEmulator() as kube, kmock.Server(kube):
         kube.write_kubeconfig(kubeconfig)
         conn.send("ready")
+        ticking = asyncio.create_task(ticker())
         while True:
             command, argument = await loop.run_in_executor(None, conn.recv)
             if command == "add":
@@ -111,6 +137,11 @@ async def _emulator(conn: Connection, kubeconfig: str) -> None:
                         NAMESPACE, f"pod-{i}", labels={**DEFAULT_POD_LABELS, LABEL: "true"}
                     )
                     uids.append(pod["metadata"]["uid"])
+                # Its full collections then cover only what comes after the pods: at 10,000
+                # pods one took a second, and stamped the PATCHes that waited for it a second
+                # late. (The window itself runs with the collector off: see "mark".)
+                gc.collect()
+                gc.freeze()
                 conn.send(uids)
             elif command == "patches":
                 conn.send(
@@ -124,8 +155,15 @@ async def _emulator(conn: Connection, kubeconfig: str) -> None:
                     ]
                 )
             elif command == "mark":
+                lags.clear()
+                collections.clear()
+                gc.disable()  # until "lags": no collection pause in the window
                 conn.send(kube.checkpoint())
+            elif command == "lags":
+                gc.enable()
+                conn.send((list(lags), [c for c in collections if c[2] > 0.05]))
             elif command == "stop":
+                ticking.cancel()
                 await kube.close()
                 conn.send("stopped")
                 return
@@ -241,6 +279,26 @@ def wait_for_pods(address: str, count: int, timeout: float = 180) -> None:
                 return
             time.sleep(0.2)
     raise RuntimeError(f"the aggregator did not discover {count} pods in {timeout:g}s")
+
+
+class HealthChecks(threading.Thread):
+    """``grpc.health.v1`` checks of the aggregator every 100 ms until ``until``: how long each
+    took (seconds), with when it started. A stalled aggregator answers them late."""
+
+    def __init__(self, address: str, until: float) -> None:
+        super().__init__(name="health-checks", daemon=True)
+        self.address, self.until = address, until
+        self.samples: list[tuple[float, float]] = []
+
+    def run(self) -> None:
+        with grpc.insecure_channel(self.address) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            while (started := time.monotonic()) < self.until:
+                with contextlib.suppress(grpc.RpcError):
+                    stub.Check(health_pb2.HealthCheckRequest(), timeout=10)
+                took = time.monotonic() - started
+                self.samples.append((started, took))
+                time.sleep(max(0.0, 0.1 - took))
 
 
 def reports_counted(aggregator: harness.AggregatorProcess) -> float:
@@ -379,6 +437,8 @@ def measure(agents: int, options: dict[str, Any], pin: bool, fd_limit: int) -> R
         for window in windows:
             window.start()
         reports_before = reports_counted(aggregator)
+        checks = HealthChecks(aggregator.address, stop_at)
+        checks.start()
         time.sleep(max(0.0, stop_at - time.monotonic()))
         cpu = [window.stop() for window in windows]
         reports_after = reports_counted(aggregator)
@@ -387,6 +447,9 @@ def measure(agents: int, options: dict[str, Any], pin: bool, fd_limit: int) -> R
         load_rss = [procstat.rss_bytes(load.pid) for load in loads]
         time.sleep(WRITE_GRACE)  # the last writes land
         patches = emulator.call("patches", mark)
+        emulator_lags, slow_gc = emulator.call("lags")
+        emulator_lags = [lag for lag in emulator_lags if lag[0] < stop_at]
+        checks.join(15)
         stats = [load.stop() for load in loads]
         exited = not aggregator.alive
         return summarise(
@@ -403,6 +466,7 @@ def measure(agents: int, options: dict[str, Any], pin: bool, fd_limit: int) -> R
             exited=exited,
             log_dir=str(log_dir),
             measure_from=measure_from,
+            stalls=(checks.samples, emulator_lags, slow_gc),
         )
     finally:
         for load in loads:

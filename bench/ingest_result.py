@@ -68,6 +68,14 @@ class Result:
     load_lag_max_ms: float | None
     load_late_sends: int
     load_bottleneck: bool
+    # Whose stall, when latency has outliers: health checks of the aggregator every 100 ms
+    # (p99 and [seconds into the window, ms] of the slowest), the emulator's event-loop lag.
+    aggregator_check_p99_ms: float | None
+    aggregator_check_max: list[float] | None
+    emulator_lag_max: list[float] | None
+    # The emulator's garbage collections over 50 ms in the window ([generation, s, ms]; its
+    # collector is off during the window, so none are expected).
+    emulator_slow_gcs: list[list[float]]
     log_dir: str
 
     def failures(self) -> list[str]:
@@ -104,6 +112,17 @@ def percentile(values: list[float], q: float) -> float:
 
 def _ms(value: float | None) -> float | None:
     return None if value is None else round(value * 1000, 1)
+
+
+def _worst(
+    samples: list[tuple[float, float]], measure_from: float
+) -> tuple[float | None, list[float] | None]:
+    """p99 (ms) of (when, seconds) samples, and [seconds into the window, ms] of the largest."""
+    if not samples:
+        return None, None
+    durations = sorted(took for _, took in samples)
+    when, took = max(samples, key=lambda sample: sample[1])
+    return _ms(percentile(durations, 0.99)), [round(when - measure_from, 2), _ms(took) or 0.0]
 
 
 def keepalive_flags(args: list[str]) -> dict[str, str]:
@@ -163,6 +182,9 @@ def summarise(
     exited: bool,
     log_dir: str,
     measure_from: float,
+    stalls: tuple[
+        list[tuple[float, float]], list[tuple[float, float]], list[tuple[int, float, float]]
+    ],
 ) -> Result:
     duration = options["duration"]
     flips = [flip for one in stats for flip in one["flips"]]
@@ -186,6 +208,9 @@ def summarise(
         or load_cpu > LOAD_CPU_LIMIT
     )
     extra = list(options.get("aggregator_arg") or [])
+    checks, emulator_lags, emulator_gcs = stalls
+    check_p99, check_max = _worst(checks, measure_from)
+    _, emulator_max = _worst(emulator_lags, measure_from)
     return Result(
         agents=agents,
         protocol=options["protocol"],
@@ -230,6 +255,14 @@ def summarise(
         load_lag_max_ms=_ms(lag_max),
         load_late_sends=sum(one["late_sends"] for one in stats),
         load_bottleneck=bottleneck,
+        aggregator_check_p99_ms=check_p99,
+        aggregator_check_max=check_max,
+        emulator_lag_max=emulator_max,
+        emulator_slow_gcs=[
+            [generation, round(when - measure_from, 2), _ms(took) or 0.0]
+            for generation, when, took in emulator_gcs
+            if when < measure_from + duration
+        ],
         log_dir=log_dir,
     )
 
