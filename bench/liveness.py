@@ -532,6 +532,22 @@ def summarise(scenario: str, rounds: list[dict[str, Any]], wait: float) -> dict[
 # -- proxy-fail-10k -------------------------------------------------------------------------
 
 
+#: The agent's log line of a change to NOT_READY (node_agent.probing), with its local time.
+AGENT_NOT_READY = re.compile(
+    r"^(?P<time>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) INFO \S+: \S+ \S+: NOT_READY ", re.MULTILINE
+)
+
+
+def agent_log_time(text: str, pattern: re.Pattern[str], after_wall: float) -> float | None:
+    """The wall-clock time of the first line matching ``pattern`` at or after ``after_wall``
+    (the log's stamps are local time, to the millisecond); None if there is none."""
+    for match in pattern.finditer(text):
+        stamp = datetime.strptime(match["time"], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        if stamp >= after_wall - 0.001:
+            return stamp
+    return None
+
+
 @dataclass
 class FleetOptions:
     simulated: int
@@ -636,8 +652,14 @@ async def run_proxy_fail(options: FleetOptions, log_dir: Path) -> dict[str, Any]
         window_from = time.monotonic()
         for load in loads:
             load.send("window", window_from, math.inf)
-        cpu = procstat.CpuWindow(aggregator.pid)
-        cpu.start()
+        windows = {
+            "aggregator": procstat.CpuWindow(aggregator.pid),
+            "emulator": procstat.CpuWindow(emulator.pid),
+            "load": [load.window for load in loads],
+        }
+        for window in [windows["aggregator"], windows["emulator"], *windows["load"]]:
+            window.start()
+        first_mark = await asyncio.to_thread(emulator.call, "mark")
         healed_at = [0.0] * options.real
         flips: list[dict[str, Any]] = []
         for number in range(1, options.flips + 1):
@@ -647,8 +669,11 @@ async def run_proxy_fail(options: FleetOptions, log_dir: Path) -> dict[str, Any]
             if number > options.real:  # this agent's pod failed before: back in service?
                 await wait_pushed(inspector, identity, 30.0)
             await asyncio.sleep(rng.uniform(0.5, 2.5))  # a random moment
+            pending = await asyncio.to_thread(
+                harness.metric_value, aggregator.metrics_port, "serve_health_writes_pending"
+            )
             mark = await asyncio.to_thread(emulator.call, "mark")
-            flipped = time.monotonic()
+            flipped, flipped_wall = time.monotonic(), time.time()
             proxies[i].set(NO_REPLICAS)
             written = None
             while time.monotonic() < flipped + FLIP_WAIT:
@@ -662,11 +687,33 @@ async def run_proxy_fail(options: FleetOptions, log_dir: Path) -> dict[str, Any]
                     written = min(arrivals) - flipped
                     break
                 await asyncio.sleep(0.02)
+            seen = await asyncio.to_thread(inspector.get_pod, identity, CALL_TIMEOUT)
             proxies[i].set(HEALTHY)
             healed_at[i] = time.monotonic()
-            flips.append({"flip": number, "pod": identity.name, "written_s": _rounded(written)})
+            # Where the time went: the agent's log line of the change, the aggregator's
+            # state_since (both wall clocks of this machine).
+            state_at = None
+            if seen is not None and seen.state == pb.SERVE_STATE_NOT_READY:
+                state_at = seen.state_since.ToDatetime(tzinfo=UTC).timestamp() - flipped_wall
+            detected = agent_log_time(agents[i].log_text(), AGENT_NOT_READY, flipped_wall)
+            flips.append(
+                {
+                    "flip": number,
+                    "pod": identity.name,
+                    "written_s": _rounded(written),
+                    "agent_logged_s": _rounded(
+                        None if detected is None else detected - flipped_wall
+                    ),
+                    "aggregator_state_s": _rounded(state_at),
+                    "writes_pending_at_flip": None if pending is None else int(pending),
+                }
+            )
             print(f"  {json.dumps(flips[-1])}", flush=True)
-        aggregator_cpu = cpu.stop()
+        flips_took = time.monotonic() - window_from
+        aggregator_cpu = windows["aggregator"].stop()
+        emulator_cpu = windows["emulator"].stop()
+        load_cpu = sum(window.stop() for window in windows["load"])
+        patched = await asyncio.to_thread(emulator.call, "patches", first_mark, 120)
         stats = [await asyncio.to_thread(load.stop) for load in loads]
         loads.clear()
         lags = sorted(lag for one in stats for lag in one["lags"])
@@ -674,6 +721,8 @@ async def run_proxy_fail(options: FleetOptions, log_dir: Path) -> dict[str, Any]
         lag_max = lags[-1] if lags else None
         written_s = [f["written_s"] for f in flips]
         result = figures(written_s)
+        logged = [f["agent_logged_s"] for f in flips if f["agent_logged_s"] is not None]
+        decided = [f["aggregator_state_s"] for f in flips if f["aggregator_state_s"] is not None]
         target = TARGETS["proxy-fail-10k"]
         return {
             "scenario": "proxy-fail-10k",
@@ -682,6 +731,10 @@ async def run_proxy_fail(options: FleetOptions, log_dir: Path) -> dict[str, Any]
             "target_p99_s": target,
             "target_applies_to": "proxy 503 -> label false PATCH at the emulator",
             "flip_to_false_write": result,
+            "flip_to_agent_log_p50_s": round(statistics.median(logged), 3) if logged else None,
+            "flip_to_aggregator_state_p50_s": (
+                round(statistics.median(decided), 3) if decided else None
+            ),
             "meets_target": result["p99_s"] is not None and result["p99_s"] <= target,
             "simulated_agents": options.simulated,
             "simulated_connected": connected,
@@ -689,6 +742,14 @@ async def run_proxy_fail(options: FleetOptions, log_dir: Path) -> dict[str, Any]
             "load_processes": len(stats),
             "real_agents": options.real,
             "aggregator_cpu_percent": round(aggregator_cpu * 100, 1),
+            "emulator_cpu_percent": round(emulator_cpu * 100, 1),
+            "load_cpu_percent": round(load_cpu * 100, 1),
+            "label_patches_per_s": round(len(patched) / flips_took, 1),
+            "writes_pending_at_flips": sorted(
+                f["writes_pending_at_flip"]
+                for f in flips
+                if f["writes_pending_at_flip"] is not None
+            ),
             "load_stream_errors": sum(one["stream_errors"] for one in stats),
             "load_error_samples": [x for one in stats for x in one["error_samples"]][:5],
             "load_lag_p99_ms": None if lag_p99 is None else round(lag_p99 * 1000, 1),
@@ -809,6 +870,15 @@ def print_table(results: list[dict[str, Any]]) -> None:
                 f"{r['aggregator_cpu_percent']} %; load lag p99 {r['load_lag_p99_ms']} ms, max "
                 f"{r['load_lag_max_ms']} ms{' (LOAD WAS THE BOTTLENECK)' * r['load_bottleneck']}"
                 f"; {f['timeouts']} flips not written within {r['wait_s']:g} s"
+            )
+            pending = r["writes_pending_at_flips"] or [0]
+            print(
+                f"{'':>14} flip -> agent's log line p50 {r['flip_to_agent_log_p50_s']} s, -> "
+                f"aggregator NOT_READY p50 {r['flip_to_aggregator_state_p50_s']} s; label "
+                f"writes pending at the flips: median {statistics.median(pending):g}, max "
+                f"{max(pending)}; {r['label_patches_per_s']} PATCH/s reached the emulator "
+                f"(its CPU {r['emulator_cpu_percent']} %, load processes "
+                f"{r['load_cpu_percent']} %)"
             )
             continue
         d, p = r["disconnected"], r["first_pull"]
