@@ -16,8 +16,8 @@ class GrpcServerSettings:
 
     max_message_bytes: int = 64 * 1024
     handshake_timeout: float = 10.0
-    keepalive_time: float = 30.0
-    keepalive_timeout: float = 10.0
+    keepalive_time: float = 2.0
+    keepalive_timeout: float = 1.0
     max_connection_idle: float = 300.0
     max_connections: int = 20_000
 
@@ -53,6 +53,9 @@ def server_options(settings: GrpcServerSettings) -> list[tuple[str, int]]:
         # keepalive timeout alone is not applied (measured: tests/aggregator/
         # test_connection_flood.py).
         ("grpc.http2.ping_timeout_ms", _ms(settings.keepalive_timeout)),
+        # No bandwidth-delay probing: reports are small, and each probe is one more PING per
+        # burst of data on each of thousands of connections (the default window suffices).
+        ("grpc.http2.bdp_probe", 0),
         # GOAWAY to a connection without calls (default: never): idle channels left open.
         ("grpc.max_connection_idle_ms", _ms(settings.max_connection_idle)),
     ]

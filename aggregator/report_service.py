@@ -88,8 +88,10 @@ def unexpected(message: pb.AgentMessage, what: str) -> Outcome:
 class ReportSettings:
     #: For agents that send heartbeats (before 0.2.0).
     heartbeat_interval: float = 1.0
-    #: For agents that report on change: reports in a row after a change (the thresholds).
+    #: For agents that report on change: reports in a row after a change to SERVING, and after
+    #: one away from it (the thresholds).
     reports_per_change: int = 2
+    reports_per_failure: int = 1
     ack_every: int = 1
     max_reports_per_second: int = 50
     hello_timeout: float = 10.0
@@ -127,6 +129,7 @@ class ReportService:
         if reports_on_change:
             settings.resync_interval.CopyFrom(wire.duration(self._core.resync_interval()))
             settings.reports_per_change = self._settings.reports_per_change
+            settings.reports_per_failure = self._settings.reports_per_failure
         return pb.AggregatorMessage(settings=settings)
 
     def register(self, server: grpc.aio.Server) -> None:
@@ -274,6 +277,7 @@ class ReportService:
             rate_limit=StreamRateLimit(settings.max_reports_per_second, self._clock),
             max_pods=settings.admission.max_pods_per_stream,
             ack_every=settings.ack_every,
+            on_change=on_change,
         )
         log.info(
             "agent %s connected from %s (%s, node %s, version %s, %s)",

@@ -31,6 +31,7 @@ class ReportStream:
         rate_limit: StreamRateLimit,
         max_pods: int,
         ack_every: int,
+        on_change: bool = False,
     ) -> None:
         self._core = core
         self._ignored = metrics.reports_ignored
@@ -42,6 +43,8 @@ class ReportStream:
         self._rate_limit = rate_limit
         self._max_pods = max_pods
         self._ack_every = ack_every
+        #: An agent that reports on change: its reports are changes already, acked like any.
+        self._on_change = on_change
         self._unacked = 0
         #: Every pod this stream has reported for (they lose their agent when it ends).
         self.pods: set[PodKey] = set()
@@ -79,10 +82,11 @@ class ReportStream:
         return outcome
 
     def ack_due(self, changed: bool) -> bool:
-        """Acks are cumulative: one for a message that changed something, otherwise one every
-        ``ack_every`` messages (each write costs as much as a read)."""
+        """Acks are cumulative: one every ``ack_every`` messages, and, to an agent that sends
+        heartbeats, one for a message that changed something (each write costs as much as a
+        read; an agent that reports on change sends changes only)."""
         self._unacked += 1
-        if changed or self._unacked >= self._ack_every:
+        if (changed and not self._on_change) or self._unacked >= self._ack_every:
             self._unacked = 0
             return True
         return False

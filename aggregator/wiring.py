@@ -96,7 +96,8 @@ def report_settings(flags: AggregatorFlags) -> ReportSettings:
     return ReportSettings(
         heartbeat_interval=flags.heartbeat_interval,
         # An agent that reports on change sends enough reports in a row to move a pod.
-        reports_per_change=max(flags.failure_threshold, flags.success_threshold),
+        reports_per_change=flags.success_threshold,
+        reports_per_failure=flags.failure_threshold,
         ack_every=flags.ack_every,
         max_reports_per_second=flags.max_reports_per_second,
         hello_timeout=flags.hello_timeout,

@@ -43,7 +43,8 @@ MakeAgent = Callable[[Prober, "Watchdog | None"], "Agent | NodeAgent"]
 async def run(settings: AgentFlags, make_agent: MakeAgent) -> None:
     async with make_session() as session:
         prober = Prober(session, settings.probe_timeout, concurrency=settings.probe_concurrency)
-        dog = Watchdog(settings.stall_timeout) if settings.stall_timeout else None
+        stall_timeout = settings.effective_stall_timeout
+        dog = Watchdog(stall_timeout) if stall_timeout else None
         agent = make_agent(prober, dog)
         task = asyncio.create_task(agent.run())
         if dog is not None:

@@ -113,7 +113,8 @@ class AgentFlags:
         "The agent's watchdog: if its event loop does not run, or no probe finishes, for this "
         "long while the process lives, it exits (status 70), so that the aggregator sees it "
         "gone and probes its pods (its gRPC core would still answer the aggregator's pings). "
-        "Longer than --interval plus two --probe-timeout; 0: no watchdog.",
+        "At least one probe turn (--interval + 2 x --probe-timeout + --confirm-delay) plus 1s; "
+        "0: no watchdog.",
         duration=True,
     )
     mode: str = setting(
@@ -170,13 +171,6 @@ class AgentFlags:
             raise ValueError("--probe-concurrency must be at least 1")
         if self.confirm_delay < 0:
             raise ValueError("--confirm-delay must not be negative")
-        longest_turn = self.interval + 2 * self.probe_timeout + self.confirm_delay
-        if self.stall_timeout and self.stall_timeout <= longest_turn:
-            raise ValueError(
-                f"--stall-timeout ({self.stall_timeout:g}s) must be longer than one probe turn "
-                f"(--interval + 2 x --probe-timeout + --confirm-delay = {longest_turn:g}s), or "
-                "0 to turn the watchdog off"
-            )
         if self.stall_timeout < 0:
             raise ValueError("--stall-timeout must not be negative")
         if self.probe_timeout >= self.interval:
@@ -184,6 +178,14 @@ class AgentFlags:
                 f"--probe-timeout ({self.probe_timeout:g}s) must be shorter than "
                 f"--interval ({self.interval:g}s)"
             )
+
+    @property
+    def effective_stall_timeout(self) -> float:
+        """--stall-timeout, but never within a probe turn (plus a second) of a slow schedule."""
+        if not self.stall_timeout:
+            return 0.0
+        longest_turn = self.interval + 2 * self.probe_timeout + self.confirm_delay
+        return max(self.stall_timeout, longest_turn + 1.0)
 
     @property
     def aggregators(self) -> tuple[str, ...]:

@@ -13,17 +13,20 @@ class Outbox:
     """The latest result of every pod the agent speaks for, and which of them are due: changed
     since they were last sent, or still owed confirmations. :attr:`changed` is set when one is.
 
-    After a pod's state changes, its next ``reports_per_change - 1`` results are due as well:
-    the aggregator moves a pod only after that many observations in a row, and an agent that
-    reports on change would otherwise not send the second one until its next resync.
+    After a pod's state changes to SERVING, its next ``reports_per_change - 1`` results are due
+    as well (``reports_per_failure - 1`` after a change away from SERVING): the aggregator moves
+    a pod only after that many observations in a row, and an agent that reports on change would
+    otherwise not send the second one until its next resync.
 
     ``pod`` is the PodRef a report names (None: the sidecar's own pod, left unset).
     """
 
     def __init__(self) -> None:
         self.changed = asyncio.Event()
-        #: Reports in a row after a change (the aggregator's AgentSettings.reports_per_change).
+        #: Reports in a row after a change to SERVING, and away from it (the aggregator's
+        #: AgentSettings.reports_per_change and reports_per_failure).
         self.reports_per_change = 1
+        self.reports_per_failure = 1
         self._latest: dict[Hashable, tuple[pb.PodRef | None, ProbeResult]] = {}
         self._dirty: dict[Hashable, None] = {}  # an ordered set
         self._owed: dict[Hashable, int] = {}  # confirmations still to send, by pod
@@ -34,8 +37,9 @@ class Outbox:
         new = key not in self._latest
         self._latest[key] = (pod, result)
         if changed or new:
-            if self.reports_per_change > 1:
-                self._owed[key] = self.reports_per_change - 1
+            reports = self.reports_per_change if result.state.serving else self.reports_per_failure
+            if reports > 1:
+                self._owed[key] = reports - 1
             else:
                 self._owed.pop(key, None)
         elif (owed := self._owed.get(key, 0)) > 0:

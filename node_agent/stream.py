@@ -273,20 +273,25 @@ class ReportClient:
         interval = resync if on_change else settings.heartbeat_interval.ToNanoseconds() / 1e9
         interval = max(interval, MIN_HEARTBEAT_INTERVAL) if interval > 0 else 0
         per_change = max(1, settings.reports_per_change) if on_change else 1
-        if (interval or self.full_send_interval, on_change, per_change) == (
+        per_failure = max(1, settings.reports_per_failure or per_change) if on_change else 1
+        outbox = self.outbox
+        if (interval or self.full_send_interval, on_change, per_change, per_failure) == (
             self.full_send_interval,
             self.on_change,
-            self.outbox.reports_per_change,
+            outbox.reports_per_change,
+            outbox.reports_per_failure,
         ):
             return
         if interval:
             self.full_send_interval = interval
         self.on_change = on_change
-        self.outbox.reports_per_change = per_change
+        outbox.reports_per_change, outbox.reports_per_failure = per_change, per_failure
         if on_change:
             log.info(
-                "aggregator asks for changes (%d reports each) and a resync every %.3gs",
+                "aggregator asks for changes (%d reports each to serving, %d to failing) and a "
+                "resync every %.3gs",
                 per_change,
+                per_failure,
                 self.full_send_interval,
             )
         else:

@@ -402,6 +402,7 @@ async def test_aggregator_settings_set_the_resync_interval(
         assert stream.on_change
         assert stream.full_send_interval == pytest.approx(7.0)
         assert agent.stream.outbox.reports_per_change == 3
+        assert agent.stream.outbox.reports_per_failure == 1
         record = await eventually(tracked(aggregator))
         assert record.uid == "uid-1"
         assert record.node_name == "node-1"
@@ -428,7 +429,7 @@ async def test_state_change_is_reported_at_once_and_nothing_while_steady(
     async with running(agent):
         record = await eventually(tracked(aggregator), timeout=10)
         await eventually(lambda: record.state is ServeState.SERVING, timeout=10)
-        # The change, then its confirmation (reports_per_change 2), then nothing: the open
+        # The change, then its confirmation (--success-threshold 2), then nothing: the open
         # stream keeps the pod alive past the heartbeat TTL, with no report at all.
         last_report = record.observed_at
         await eventually(lambda: loop.time() - (last_report or 0) > 2 * ttl, timeout=10)

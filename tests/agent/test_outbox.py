@@ -42,12 +42,30 @@ def test_a_change_is_due_with_the_confirmations_that_follow_it() -> None:
 
 def test_a_new_change_restarts_the_confirmations() -> None:
     outbox = Outbox()
-    outbox.reports_per_change = 2
+    outbox.reports_per_change = outbox.reports_per_failure = 2
     outbox.put("a", None, result(S.SERVING), changed=True)
     outbox.put("a", None, result(S.NOT_READY), changed=True)
     outbox.put("a", None, result(S.NOT_READY), changed=False)
     assert due(outbox) == [S.NOT_READY]
     outbox.put("a", None, result(S.NOT_READY), changed=False)
+    assert due(outbox) == []
+
+
+def test_confirmations_follow_the_direction_of_the_change() -> None:
+    """--success-threshold 2, --failure-threshold 1: a pod that fails needs one report, one
+    that comes back two."""
+    outbox = Outbox()
+    outbox.reports_per_change, outbox.reports_per_failure = 2, 1
+    outbox.put("a", None, result(S.SERVING), changed=True)
+    outbox.take(everything=False)
+    outbox.put("a", None, result(S.NOT_READY), changed=True)
+    assert due(outbox) == [S.NOT_READY]
+    outbox.put("a", None, result(S.NOT_READY), changed=False)
+    assert due(outbox) == []  # no confirmation of a failure
+    outbox.put("a", None, result(S.SERVING), changed=True)
+    outbox.put("a", None, result(S.SERVING), changed=False)
+    assert due(outbox) == [S.SERVING]  # the change and its confirmation, in one take
+    outbox.put("a", None, result(S.SERVING), changed=False)
     assert due(outbox) == []
 
 
@@ -77,8 +95,10 @@ def client() -> ReportClient:
     return ReportClient(settings, hello, Outbox(), who="test", rng=random.Random(1))
 
 
-def settings_message(heartbeat: float, resync: float = 0, per_change: int = 0) -> object:
-    message = pb.AgentSettings(reports_per_change=per_change)
+def settings_message(
+    heartbeat: float, resync: float = 0, per_change: int = 0, per_failure: int = 0
+) -> object:
+    message = pb.AgentSettings(reports_per_change=per_change, reports_per_failure=per_failure)
     message.heartbeat_interval.FromNanoseconds(round(heartbeat * 1e9))
     if resync:
         message.resync_interval.FromNanoseconds(round(resync * 1e9))
@@ -92,9 +112,15 @@ def test_the_hello_says_the_agent_reports_on_change() -> None:
 
 def test_an_aggregator_that_gives_a_resync_interval_gets_changes_and_resyncs() -> None:
     stream = client()
-    stream._apply(settings_message(1.0, resync=240.0, per_change=2))
+    stream._apply(settings_message(1.0, resync=240.0, per_change=2, per_failure=1))
     assert (stream.on_change, stream.full_send_interval) == (True, 240.0)
-    assert stream.outbox.reports_per_change == 2
+    assert (stream.outbox.reports_per_change, stream.outbox.reports_per_failure) == (2, 1)
+
+
+def test_without_reports_per_failure_failures_take_reports_per_change() -> None:
+    stream = client()
+    stream._apply(settings_message(1.0, resync=240.0, per_change=3))
+    assert (stream.outbox.reports_per_change, stream.outbox.reports_per_failure) == (3, 3)
 
 
 @pytest.mark.parametrize("heartbeat", [1.0, 0.000001])
@@ -104,4 +130,20 @@ def test_an_aggregator_before_0_2_gets_heartbeats(heartbeat: float) -> None:
     stream._apply(settings_message(heartbeat))  # an older aggregator, after a failover
     assert not stream.on_change
     assert stream.full_send_interval == max(heartbeat, MIN_HEARTBEAT_INTERVAL)
-    assert stream.outbox.reports_per_change == 1
+    assert (stream.outbox.reports_per_change, stream.outbox.reports_per_failure) == (1, 1)
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        ({}, 3.0),  # the default: above one turn (0.75 + 2 x 0.5 + 0.1) plus a second
+        ({"interval": 3.0, "probe_timeout": 1.0, "confirm_delay": 0.2}, 6.2),
+        ({"stall_timeout": 10.0}, 10.0),
+        ({"stall_timeout": 0.0}, 0.0),  # off
+    ],
+)
+def test_the_stall_timeout_never_falls_within_a_probe_turn(
+    flags: dict[str, float], expected: float
+) -> None:
+    settings = AgentFlags(aggregator="127.0.0.1:1", **flags)  # type: ignore[arg-type]
+    assert settings.effective_stall_timeout == pytest.approx(expected)

@@ -113,14 +113,16 @@ class AggregatorMessage(_message.Message):
     def __init__(self, settings: _Optional[_Union[AgentSettings, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ...) -> None: ...
 
 class AgentSettings(_message.Message):
-    __slots__ = ("heartbeat_interval", "resync_interval", "reports_per_change")
+    __slots__ = ("heartbeat_interval", "resync_interval", "reports_per_change", "reports_per_failure")
     HEARTBEAT_INTERVAL_FIELD_NUMBER: _ClassVar[int]
     RESYNC_INTERVAL_FIELD_NUMBER: _ClassVar[int]
     REPORTS_PER_CHANGE_FIELD_NUMBER: _ClassVar[int]
+    REPORTS_PER_FAILURE_FIELD_NUMBER: _ClassVar[int]
     heartbeat_interval: _duration_pb2.Duration
     resync_interval: _duration_pb2.Duration
     reports_per_change: int
-    def __init__(self, heartbeat_interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., resync_interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., reports_per_change: _Optional[int] = ...) -> None: ...
+    reports_per_failure: int
+    def __init__(self, heartbeat_interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., resync_interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., reports_per_change: _Optional[int] = ..., reports_per_failure: _Optional[int] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ("sequence",)
