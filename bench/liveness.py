@@ -72,6 +72,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import math
 import os
@@ -548,6 +549,34 @@ def agent_log_time(text: str, pattern: re.Pattern[str], after_wall: float) -> fl
     return None
 
 
+#: proxy-fail-10k: how often the aggregator's serve_health_writes_pending is sampled (s).
+PENDING_EVERY = 0.1
+
+
+async def sample_pending(metrics_port: int, since: float, into: list[tuple[float, int]]) -> None:
+    """Append (seconds since ``since``, label writes pending) every ``PENDING_EVERY`` until
+    cancelled: when the writer falls behind, and how fast it catches up."""
+    while True:
+        started = time.monotonic()
+        value = await asyncio.to_thread(
+            harness.metric_value, metrics_port, "serve_health_writes_pending"
+        )
+        if value is not None:
+            into.append((round(started - since, 2), int(value)))
+        await asyncio.sleep(max(0.0, started + PENDING_EVERY - time.monotonic()))
+
+
+def arrival_gaps(
+    patches: list[tuple[str, dict[str, str], float]], since: float, top: int = 5
+) -> list[list[float]]:
+    """The longest pauses between consecutive PATCH arrivals at the emulator: [start (s since
+    ``since``), length s]. A writer that keeps sending leaves none longer than milliseconds."""
+    arrivals = sorted(at for _, _, at in patches)
+    gaps = sorted(((b - a, a) for a, b in itertools.pairwise(arrivals)), reverse=True)
+    gaps = gaps[:top]
+    return [[round(a - since, 2), round(length, 3)] for length, a in gaps]
+
+
 @dataclass
 class FleetOptions:
     simulated: int
@@ -660,6 +689,8 @@ async def run_proxy_fail(options: FleetOptions, log_dir: Path) -> dict[str, Any]
         for window in [windows["aggregator"], windows["emulator"], *windows["load"]]:
             window.start()
         first_mark = await asyncio.to_thread(emulator.call, "mark")
+        backlog: list[tuple[float, int]] = []  # (s since window_from, writes pending)
+        sampler = asyncio.create_task(sample_pending(aggregator.metrics_port, window_from, backlog))
         healed_at = [0.0] * options.real
         flips: list[dict[str, Any]] = []
         for number in range(1, options.flips + 1):
@@ -699,6 +730,7 @@ async def run_proxy_fail(options: FleetOptions, log_dir: Path) -> dict[str, Any]
             flips.append(
                 {
                     "flip": number,
+                    "at_s": round(flipped - window_from, 2),
                     "pod": identity.name,
                     "written_s": _rounded(written),
                     "agent_logged_s": _rounded(
@@ -710,6 +742,8 @@ async def run_proxy_fail(options: FleetOptions, log_dir: Path) -> dict[str, Any]
             )
             print(f"  {json.dumps(flips[-1])}", flush=True)
         flips_took = time.monotonic() - window_from
+        sampler.cancel()
+        await asyncio.gather(sampler, return_exceptions=True)
         aggregator_cpu = windows["aggregator"].stop()
         emulator_cpu = windows["emulator"].stop()
         load_cpu = sum(window.stop() for window in windows["load"])
@@ -745,6 +779,12 @@ async def run_proxy_fail(options: FleetOptions, log_dir: Path) -> dict[str, Any]
             "emulator_cpu_percent": round(emulator_cpu * 100, 1),
             "load_cpu_percent": round(load_cpu * 100, 1),
             "label_patches_per_s": round(len(patched) / flips_took, 1),
+            "patch_arrival_gaps": arrival_gaps(patched, window_from),
+            "writes_pending_max": max((n for _, n in backlog), default=None),
+            "writes_pending_over_50_s": round(
+                sum(1 for _, n in backlog if n > 50) * PENDING_EVERY, 1
+            ),
+            "writes_pending_series": backlog,
             "writes_pending_at_flips": sorted(
                 f["writes_pending_at_flip"]
                 for f in flips
@@ -872,6 +912,12 @@ def print_table(results: list[dict[str, Any]]) -> None:
                 f"; {f['timeouts']} flips not written within {r['wait_s']:g} s"
             )
             pending = r["writes_pending_at_flips"] or [0]
+            print(
+                f"{'':>14} writes pending (sampled every {PENDING_EVERY:g} s): max "
+                f"{r['writes_pending_max']}, over 50 for {r['writes_pending_over_50_s']} s; "
+                f"longest pauses between PATCH arrivals [at s, length s]: "
+                f"{r['patch_arrival_gaps'][:3]}"
+            )
             print(
                 f"{'':>14} flip -> agent's log line p50 {r['flip_to_agent_log_p50_s']} s, -> "
                 f"aggregator NOT_READY p50 {r['flip_to_aggregator_state_p50_s']} s; label "
