@@ -89,6 +89,7 @@ class Settings:
     heartbeat_interval: float
     resync_interval: float
     reports_per_change: int
+    reports_per_failure: int = 0  # 0: reports_per_change (as the agent reads it)
 
     @classmethod
     def of(cls, message: pb.AgentSettings) -> Settings:
@@ -97,6 +98,7 @@ class Settings:
             max(heartbeat, MIN_HEARTBEAT_INTERVAL) if heartbeat > 0 else 1.0,
             max(message.resync_interval.ToNanoseconds() / 1e9, 0.0),
             message.reports_per_change,
+            message.reports_per_failure,
         )
 
     def values(self) -> tuple[float, float, int]:
@@ -263,7 +265,13 @@ class Agent:
             self.state, self.change_at = NOT_READY, at + FLIP_BACK_AFTER
         else:
             self.state, self.change_at, self.serving_since = SERVING, self._next_flip(at), at
-        self.confirms_left = max(self.settings.reports_per_change - 1, 0)
+        settings = self.settings
+        reports = (
+            settings.reports_per_change
+            if self.state == SERVING
+            else settings.reports_per_failure or settings.reports_per_change
+        )
+        self.confirms_left = max(reports - 1, 0)
         self.confirm_at = at + PROBE_INTERVAL if self.confirms_left else NEVER
         return self.state == NOT_READY and settled
 
