@@ -551,6 +551,31 @@ def agent_log_time(text: str, pattern: re.Pattern[str], after_wall: float) -> fl
 
 #: proxy-fail-10k: how often the aggregator's serve_health_writes_pending is sampled (s).
 PENDING_EVERY = 0.1
+#: proxy-fail-10k: before the flips, wait (at most this long) for the writer to catch up:
+#: SETTLED_PENDING writes pending or fewer for SETTLED_FOR seconds.
+SETTLE_WITHIN = 120.0
+SETTLED_PENDING = 20
+SETTLED_FOR = 5.0
+
+
+async def wait_writes_settled(metrics_port: int, within: float) -> float | None:
+    """Seconds until label writes pending stayed at ``SETTLED_PENDING`` or fewer for
+    ``SETTLED_FOR`` s; None if that did not happen within ``within``."""
+    started = time.monotonic()
+    calm_since: float | None = None
+    while time.monotonic() - started < within:
+        value = await asyncio.to_thread(
+            harness.metric_value, metrics_port, "serve_health_writes_pending"
+        )
+        now = time.monotonic()
+        if value is not None and value <= SETTLED_PENDING:
+            calm_since = now if calm_since is None else calm_since
+            if now - calm_since >= SETTLED_FOR:
+                return now - started
+        else:
+            calm_since = None
+        await asyncio.sleep(0.2)
+    return None
 
 
 async def sample_pending(metrics_port: int, since: float, into: list[tuple[float, int]]) -> None:
@@ -634,6 +659,7 @@ async def run_proxy_fail(options: FleetOptions, log_dir: Path) -> dict[str, Any]
         )
         inspector = harness.Inspector(aggregator.address)
         total = options.simulated + options.real
+        start_mark = await asyncio.to_thread(emulator.call, "mark")
         uids = await asyncio.to_thread(emulator.call, "add", total)
         await asyncio.to_thread(ingest.wait_for_pods, aggregator.address, total)
         pods = [(f"pod-{i}", uid) for i, uid in enumerate(uids)]
@@ -677,6 +703,24 @@ async def run_proxy_fail(options: FleetOptions, log_dir: Path) -> dict[str, Any]
         for identity in identities:
             await wait_pushed(inspector, identity, 60.0)
         print(f"  {len(agents)} real agents pushing", flush=True)
+        # The start's writes first (while 10,000 agents connect, pods not yet reconnected can
+        # go SILENT after the startup grace): flips are measured once the writer has caught up.
+        settled_in = await wait_writes_settled(aggregator.metrics_port, SETTLE_WITHIN)
+        startup = await asyncio.to_thread(emulator.call, "patches", start_mark, 120)
+        startup_writes = {
+            value: sum(1 for _, labels, _ in startup if labels.get(LABEL) == value)
+            for value in ("false", "true")
+        }
+        caught_up = (
+            f"after {settled_in:.1f} s"
+            if settled_in is not None
+            else f"NOT within {SETTLE_WITHIN:g} s (measuring anyway)"
+        )
+        print(
+            f"  label writes since the pods were added: {startup_writes}; writer caught up "
+            f"{caught_up}",
+            flush=True,
+        )
 
         window_from = time.monotonic()
         for load in loads:
@@ -779,6 +823,8 @@ async def run_proxy_fail(options: FleetOptions, log_dir: Path) -> dict[str, Any]
             "emulator_cpu_percent": round(emulator_cpu * 100, 1),
             "load_cpu_percent": round(load_cpu * 100, 1),
             "label_patches_per_s": round(len(patched) / flips_took, 1),
+            "startup_label_writes": startup_writes,
+            "writer_caught_up_after_s": None if settled_in is None else round(settled_in, 1),
             "patch_arrival_gaps": arrival_gaps(patched, window_from),
             "writes_pending_max": max((n for _, n in backlog), default=None),
             "writes_pending_over_50_s": round(
