@@ -8,6 +8,7 @@ import os
 import signal
 from collections.abc import Sequence
 
+from aggregator import heap
 from aggregator.flags import AggregatorFlags
 from aggregator.kube.lease import LeaderElectionConfigError
 from aggregator.wiring import build_aggregator
@@ -43,11 +44,13 @@ async def run(settings: AggregatorFlags) -> int:
     # Returns once the port is open: the first pod list (retried while the Kubernetes API does
     # not answer) and the election go on in the background, and a SIGTERM meanwhile ends them.
     await aggregator.open()
+    freezer = asyncio.create_task(heap.freeze_long_lived(), name="gc freeze")
     waiters = (
         asyncio.create_task(stop.wait(), name="signals"),
         asyncio.create_task(aggregator.wait(), name="aggregator"),
     )
     await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    freezer.cancel()
     for waiter in waiters:
         waiter.cancel()
     await asyncio.gather(*waiters, return_exceptions=True)
