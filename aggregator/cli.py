@@ -44,13 +44,16 @@ async def run(settings: AggregatorFlags) -> int:
     # Returns once the port is open: the first pod list (retried while the Kubernetes API does
     # not answer) and the election go on in the background, and a SIGTERM meanwhile ends them.
     await aggregator.open()
-    freezer = asyncio.create_task(heap.freeze_long_lived(), name="gc freeze")
+    long_lived = heap.LongLived()
+    long_lived.install()
+    thaw = asyncio.create_task(long_lived.thaw_forever(), name="gc thaw")
     waiters = (
         asyncio.create_task(stop.wait(), name="signals"),
         asyncio.create_task(aggregator.wait(), name="aggregator"),
     )
     await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-    freezer.cancel()
+    thaw.cancel()
+    long_lived.uninstall()
     for waiter in waiters:
         waiter.cancel()
     await asyncio.gather(*waiters, return_exceptions=True)

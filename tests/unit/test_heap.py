@@ -1,4 +1,4 @@
-"""The aggregator's garbage-collection policy, on a fake clock and a fake sleep."""
+"""The aggregator's garbage-collection policy (:mod:`aggregator.heap`)."""
 
 from __future__ import annotations
 
@@ -6,54 +6,48 @@ import gc
 
 import pytest
 
-from aggregator.heap import FREEZE_EVERY, THAW_EVERY, freeze_long_lived
-from tests.conftest import FakeClock
+from aggregator.heap import THAW_EVERY, LongLived
+
+
+def test_survivors_of_a_full_collection_are_frozen_and_only_then() -> None:
+    calls: list[str] = []
+    policy = LongLived(freeze=lambda: calls.append("freeze"))
+    policy.collected("start", {"generation": 2})
+    policy.collected("stop", {"generation": 0, "collected": 0, "uncollectable": 0})
+    policy.collected("stop", {"generation": 1, "collected": 0, "uncollectable": 0})
+    assert calls == []
+    policy.collected("stop", {"generation": 2, "collected": 0, "uncollectable": 0})
+    assert calls == ["freeze"]
+
+
+def test_with_the_real_collector_a_full_collection_freezes_its_survivors() -> None:
+    policy = LongLived()
+    policy.install()
+    try:
+        survivors = [[] for _ in range(1000)]  # containers the collector tracks
+        gc.collect(2)
+        assert gc.get_freeze_count() >= len(survivors)
+    finally:
+        policy.uninstall()
+        gc.unfreeze()
+    assert policy.collected not in gc.callbacks
 
 
 class Stop(Exception):
     pass
 
 
-async def test_long_lived_objects_are_frozen_every_minute_and_thawed_every_hour() -> None:
-    clock = FakeClock()
+async def test_everything_is_thawed_every_hour() -> None:
     calls: list[str] = []
+    slept: list[float] = []
 
     async def sleep(seconds: float) -> None:
-        assert seconds == FREEZE_EVERY
-        clock.advance(seconds)
-        if clock.now - 1000.0 >= 2 * THAW_EVERY + FREEZE_EVERY:
+        slept.append(seconds)
+        if len(slept) == 3:
             raise Stop
 
+    policy = LongLived(unfreeze=lambda: calls.append("thaw"))
     with pytest.raises(Stop):
-        await freeze_long_lived(
-            sleep,
-            clock,
-            freeze=lambda: calls.append("freeze"),
-            unfreeze=lambda: calls.append("thaw"),
-        )
-    per_hour = int(THAW_EVERY / FREEZE_EVERY)
-    assert calls == (["freeze"] * (per_hour - 1) + ["thaw"]) * 2
-
-
-async def test_the_real_collector_freezes_and_thaws() -> None:
-    """With the real gc functions: what a minute held is frozen, and thawed again."""
-    clock = FakeClock()
-    turns = 0
-
-    async def sleep(seconds: float) -> None:
-        nonlocal turns
-        turns += 1
-        clock.advance(THAW_EVERY if turns == 2 else seconds)
-        if turns == 1:
-            return
-        if turns == 2:
-            assert gc.get_freeze_count() > 0  # the first turn froze
-            return
-        assert gc.get_freeze_count() == 0  # the second one, an hour on, thawed
-        raise Stop
-
-    try:
-        with pytest.raises(Stop):
-            await freeze_long_lived(sleep, clock)
-    finally:
-        gc.unfreeze()
+        await policy.thaw_forever(sleep)
+    assert slept == [THAW_EVERY] * 3
+    assert calls == ["thaw"] * 2
