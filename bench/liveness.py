@@ -49,8 +49,13 @@ Scenarios, and the target for the time until ``agent_connected: false`` (p99):
    the previous write; a pod that failed before is healed and back in service first): the
    time from the flip (this process's ``time.monotonic``) to the arrival of the pod's label
    ``false`` PATCH at the emulator (its ``loop.time()``, the same CLOCK_MONOTONIC), one flip
-   per round. Also recorded: the aggregator's CPU, the load's event-loop lag (a load that lags
-   is flagged as the bottleneck, as bench.ingest does) and stream errors.
+   per round. The flips start once the aggregator's writer has caught up with the start
+   (``serve_health_writes_pending`` <= 20 for 5 s; the label writes of the start, while
+   10,000 agents connect, are counted). Also recorded, to tell where the time went: when the
+   agent logged the change and when the aggregator's pod turned NOT_READY (``state_since``),
+   the writes pending at each flip and every 100 ms, the longest pauses between PATCH
+   arrivals, the CPU of the aggregator, emulator and load, the load's event-loop lag (a load
+   that lags is flagged as the bottleneck, as bench.ingest does) and its stream errors.
 
 A round's wait is bounded (``--max-wait``; by default 10 s for kill, 45 s for freeze and
 blackhole, enough for the keepalive the aggregator had before 2 s + 1 s: 30 s + 10 s; 15 s for
