@@ -3,8 +3,8 @@
 # One small image, both entry points:
 #   serve-health-aggregator (the default command) and serve-health-agent (sidecar or DaemonSet).
 #
-#   docker build -t ghcr.io/ray-serve-health/ray-serve-health:0.1.0 .
-#   docker run --rm ghcr.io/ray-serve-health/ray-serve-health:0.1.0 serve-health-agent --help
+#   docker build -t ghcr.io/ray-serve-health/ray-serve-health:0.2.0 .
+#   docker run --rm ghcr.io/ray-serve-health/ray-serve-health:0.2.0 serve-health-agent --help
 #
 # Runs as UID/GID 65532 (non-root, numeric so that runAsNonRoot can verify it) and writes nothing
 # at run time: the code and its bytecode are compiled at build time and owned by root, so the
@@ -49,7 +49,7 @@ LABEL org.opencontainers.image.title="ray-serve-health" \
       org.opencontainers.image.description="Push-based health aggregation for Ray Serve on Kubernetes: serve-health-aggregator and serve-health-agent" \
       org.opencontainers.image.source="https://github.com/ray-serve-health/ray-serve-health" \
       org.opencontainers.image.licenses="Apache-2.0" \
-      org.opencontainers.image.version="0.1.0"
+      org.opencontainers.image.version="0.2.0"
 
 # No .pyc writes at run time (the root filesystem is read-only; bytecode was compiled at build
 # time), unbuffered logs, and a HOME that exists and is writable when /tmp is an emptyDir
