@@ -56,6 +56,24 @@ class StateTimeout(AssertionError):
     """The aggregator did not report the expected pod state in time."""
 
 
+def code_version(exclude: Sequence[str] = ()) -> str | None:
+    """The commit measured, ``+dirty`` with uncommitted changes (outside the ``exclude``
+    paths); None outside a git checkout."""
+    pathspec = ["--", ".", *(f":!{path}" for path in exclude)] if exclude else []
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+
+    try:
+        commit = git("rev-parse", "--short", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no", *pathspec)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return f"{commit}+dirty" if dirty else commit
+
+
 def free_port(host: str = HOST) -> int:
     """A port nothing listens on right now (the OS may hand it out again later)."""
     with socket.socket() as sock:

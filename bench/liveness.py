@@ -943,30 +943,6 @@ async def run_agent_scenarios(
             await kube.close()
 
 
-def code_version() -> str | None:
-    """The commit measured (``+dirty`` with uncommitted changes outside bench/)."""
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=harness.REPO_ROOT,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!bench"],
-            cwd=harness.REPO_ROOT,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return f"{commit}+dirty" if dirty else commit
-
-
 def print_table(results: list[dict[str, Any]]) -> None:
     def cell(value: float | None) -> str:
         return "timeout" if value is None else f"{value:.3f}"
@@ -1151,7 +1127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     output = {
         "benchmark": "liveness",
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
-        "commit": code_version(),
+        "commit": harness.code_version(exclude=("bench",)),
         "python": platform.python_version(),
         "cpus": len(cpus),
         "pinned": pin,

@@ -722,30 +722,6 @@ def affinity_of(pid: int) -> list[int]:
     return sorted(cpus)
 
 
-def code_version() -> str | None:
-    """The commit measured (``+dirty`` with uncommitted changes), None outside a git checkout."""
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=REPO_ROOT,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=REPO_ROOT,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return f"{commit}+dirty" if dirty else commit
-
-
 def median(values: list[float | None]) -> float | None:
     present = [v for v in values if v is not None]
     return round(statistics.median(present), 3) if present else None
@@ -1019,7 +995,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = {
         "benchmark": "mass_hang",
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
-        "commit": code_version(),
+        "commit": harness.code_version(),
         "python": platform.python_version(),
         "cpus": len(cpus) or os.cpu_count(),
         "pinning": (
