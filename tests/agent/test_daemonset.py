@@ -386,6 +386,7 @@ async def test_pods_of_a_node_that_change_together_go_in_one_message(
     try:
         async with running(agent):
             await eventually(lambda: len(pods_reported(pb.SERVE_STATE_SERVING)) == 10, 10)
+            await more_probes(started[-1], 3)  # the confirmations, if owed, are in by then
             quiet = len(servicer.messages)
             await more_probes(started[-1], 5)  # five rounds, nothing changes: nothing sent
             assert len(servicer.messages) == quiet
