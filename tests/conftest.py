@@ -89,6 +89,12 @@ async def start_aggregator() -> AsyncIterator[StartAggregator]:
                 "ack_every": 1,  # tests read an ack after each report to know it was handled
                 "auth": "none",  # raw test streams carry no token (tests/kube/test_auth.py do)
                 "shutdown_grace": 0.2,
+                # The test's own clients share this process (and its gRPC threads) with the
+                # aggregator: on a loaded machine a ping could go unanswered for the product's
+                # 1 s and end a stream a test did not mean to end. Liveness by the connection
+                # is tested with real processes (tests/kube/test_agent_liveness.py).
+                "keepalive_time": 30.0,
+                "keepalive_timeout": 10.0,
                 **overrides,
             }
         )
