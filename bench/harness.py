@@ -289,6 +289,15 @@ def proxy_url(port: int) -> str:
     return f"http://{HOST}:{port}/-/healthz"
 
 
+def agent_environ(pod: PodIdentity | None = None) -> dict[str, str]:
+    """This process's environment without SERVE_HEALTH_* settings, plus ``pod``'s downward-API
+    variables: what an agent process is started with."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("SERVE_HEALTH_")}
+    if pod is not None:
+        env.update(pod.environ())
+    return env
+
+
 def start_agent(
     log_dir: Path,
     aggregator_address: str,
@@ -300,8 +309,7 @@ def start_agent(
 ) -> Process:
     """``python -m node_agent`` for ``pod``, probing a Serve proxy on ``serve_port``; returns
     once it is connected to the aggregator."""
-    env = {key: value for key, value in os.environ.items() if not key.startswith("SERVE_HEALTH_")}
-    env.update(pod.environ())
+    env = agent_environ(pod)
     process = spawn(
         name,
         [
@@ -339,7 +347,7 @@ def spawn_daemonset_agent(
     """``python -m node_agent --mode daemonset`` for the Ray pods of ``node_name``, found with
     ``kubeconfig`` (only ``NODE_NAME`` is set); returns at once. :func:`wait_connected` waits
     until it is connected to the aggregator."""
-    env = {key: value for key, value in os.environ.items() if not key.startswith("SERVE_HEALTH_")}
+    env = agent_environ()
     env["NODE_NAME"] = node_name
     return spawn(
         name,

@@ -251,12 +251,6 @@ class StderrPipe:
         self.log.close()
 
 
-def agent_environ(pod: harness.PodIdentity) -> dict[str, str]:
-    env = {key: value for key, value in os.environ.items() if not key.startswith("SERVE_HEALTH_")}
-    env.update(pod.environ())
-    return env
-
-
 def spawn_piped_agent(
     log_dir: Path, address: str, serve_port: int, pod: harness.PodIdentity, name: str
 ) -> tuple[harness.Process, StderrPipe]:
@@ -279,7 +273,7 @@ def spawn_piped_agent(
             stdin=subprocess.DEVNULL,
             stdout=pipe.write_fd,
             stderr=pipe.write_fd,
-            env=agent_environ(pod),
+            env=harness.agent_environ(pod),
             cwd=harness.REPO_ROOT,
             start_new_session=True,
         )

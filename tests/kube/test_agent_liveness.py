@@ -123,8 +123,7 @@ def spawn_agent(
     pythonpath: str = "",
 ) -> subprocess.Popen[bytes]:
     """``python -m node_agent`` for ``pod`` (from ``cwd``: ``-m`` finds the agent there)."""
-    env = {key: value for key, value in os.environ.items() if not key.startswith("SERVE_HEALTH_")}
-    env.update(pod.environ())
+    env = harness.agent_environ(pod)
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
     return subprocess.Popen(
