@@ -130,10 +130,9 @@ async def test_silent_agent_with_open_stream_is_pulled(
         await call.write(report(pb.SERVE_STATE_SERVING, 1, "success"))
         await call.read()
         await kube_emulator.wait_until(lambda: label(kube_emulator, "pod-a") == "true")
-        silent = aggregator.metrics.transitions.labels("SERVING", "SILENT", "ttl")
-        # The agent says nothing more but keeps its stream open: SILENT after the TTL, then
-        # pulled; the proxy answers, so the pod is SERVING again and its label never moved.
-        await eventually(lambda: silent._value.get() == 1, timeout=5)
+        # The agent says nothing more but keeps its stream open: after the TTL its pod is
+        # pulled (the puller may come first, or the expiry pass may make it SILENT first: both
+        # race by design); the proxy answers, so the pod is SERVING and its label never moved.
         await eventually(
             lambda: (
                 (r := record(aggregator, "pod-a")).state is ServeState.SERVING
