@@ -396,8 +396,9 @@ def wait_connected(agent: Process, timeout: float = 20.0) -> None:
 # -- Ray Serve ----------------------------------------------------------------------------
 
 
-def start_ray(*, quiet: bool = False, attempts: int = 2) -> None:
-    """A light local Ray instance: 2 CPUs, no dashboard, small object store.
+def start_ray(*, quiet: bool = False, attempts: int = 2, dashboard_port: int = 0) -> None:
+    """A light local Ray instance: 2 CPUs, small object store, its node on 127.0.0.1; no
+    dashboard, or one on ``127.0.0.1:dashboard_port`` (the Serve REST API is served there).
 
     ``ray.init`` is tried ``attempts`` times: rarely (2 of ~40 starts here, not reproducible on
     demand) the raylet did not come up within Ray's own 30 s and ``ray.init`` gave up.
@@ -409,7 +410,10 @@ def start_ray(*, quiet: bool = False, attempts: int = 2) -> None:
         try:
             ray.init(
                 num_cpus=2,
-                include_dashboard=False,
+                include_dashboard=bool(dashboard_port),
+                dashboard_host=HOST,
+                dashboard_port=dashboard_port or None,
+                _node_ip_address=HOST,
                 log_to_driver=False,
                 object_store_memory=100 * 1024 * 1024,
                 logging_level="warning" if quiet else "info",
@@ -436,11 +440,29 @@ def stop_ray() -> None:
     ray.shutdown()
 
 
-def start_serve(port: int) -> None:
-    """Serve's controller and HTTP proxy on ``127.0.0.1:port``."""
+#: Ray's own test servicer (``UserDefinedService``): a gRPC proxy starts only when some
+#: servicer function is given.
+GRPC_SERVICER_FUNCTIONS = (
+    "ray.serve.generated.serve_pb2_grpc.add_UserDefinedServiceServicer_to_server",
+)
+
+
+def start_serve(port: int, *, grpc_port: int = 0, proxy_location: str | None = None) -> None:
+    """Serve's controller and HTTP proxy on ``127.0.0.1:port``; with ``grpc_port``, its gRPC
+    proxy on ``127.0.0.1:grpc_port`` too (Ray's test servicer); ``proxy_location``:
+    ``EveryNode`` (Ray's default), ``HeadOnly`` or ``Disabled``."""
     from ray import serve
 
-    serve.start(http_options={"host": HOST, "port": port})
+    options: dict[str, Any] = {"http_options": {"host": HOST, "port": port}}
+    if grpc_port:
+        from ray.serve.config import gRPCOptions
+
+        options["grpc_options"] = gRPCOptions(
+            port=grpc_port, grpc_servicer_functions=list(GRPC_SERVICER_FUNCTIONS)
+        )
+    if proxy_location is not None:
+        options["proxy_location"] = proxy_location
+    serve.start(**options)
 
 
 def shutdown_serve() -> None:

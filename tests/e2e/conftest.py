@@ -90,14 +90,32 @@ def tracked_pod(
 
 
 @pytest.fixture(scope="session")
-def ray_serve(serve_port: int) -> Iterator[int]:
-    """A local Ray instance with Serve's proxy on ``127.0.0.1:serve_port``; yields the port.
+def serve_grpc_port() -> int:
+    """The port of Serve's gRPC proxy (gRPC ingress with Ray's test servicer)."""
+    return harness.free_port()
+
+
+@pytest.fixture(scope="session")
+def ray_dashboard_port() -> int:
+    """The port of Ray's dashboard, where the Serve REST API answers."""
+    return harness.free_port()
+
+
+@pytest.fixture(scope="session")
+def ray_serve(serve_port: int, serve_grpc_port: int, ray_dashboard_port: int) -> Iterator[int]:
+    """A local Ray instance (its node on 127.0.0.1, its dashboard on ``ray_dashboard_port``)
+    with Serve's HTTP proxy on ``127.0.0.1:serve_port`` and its gRPC proxy on
+    ``serve_grpc_port``; yields the HTTP port.
+
+    Serve runs with ``proxy_location: HeadOnly``: on one node the same as the default
+    (``EveryNode``), and what the Serve controller then reports to the dashboard is what
+    a cluster whose workers have no proxy by design reports.
 
     Torn down (Serve, then Ray) at the end of the session, whatever the tests did to Serve.
     """
-    harness.start_ray()
+    harness.start_ray(dashboard_port=ray_dashboard_port)
     try:
-        harness.start_serve(serve_port)
+        harness.start_serve(serve_port, grpc_port=serve_grpc_port, proxy_location="HeadOnly")
         yield serve_port
     finally:
         harness.stop_ray()
