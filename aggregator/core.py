@@ -20,6 +20,7 @@ from aggregator.metrics import Metrics
 from aggregator.registry import PodRegistry
 from aggregator.resync import ResyncSchedule, ResyncSettings
 from aggregator.self_protection import ProtectionSettings, SelfProtection
+from aggregator.serve_view import NO_PROXY_STATES, judged, rejudged
 from aggregator.tracker import Observation, PodRecord, StateChange, Tracker
 from aggregator.transition_feed import TransitionFeed
 from servehealth_common.pod_identity import PodInfo, PodKey
@@ -141,6 +142,8 @@ class Core:
         if key not in tracker:
             self._admit(PodInfo(key))
         self._reports.inc()
+        if observation.state is ServeState.NO_PROXY:
+            observation = self._judged(key, observation)
         transition = tracker.observe(key, observation, stream, kept=self._agents.get(stream, False))
         if transition is None:
             return False
@@ -165,13 +168,21 @@ class Core:
 
     # -- pods the registry discovers (PodSink) -------------------------------------------
 
-    def pod_seen(self, pod: PodInfo, label: str | None) -> None:
+    def pod_seen(self, pod: PodInfo, label: str | None, *, by_design: bool = False) -> None:
         """A discovered pod. A pod new to the tracker that already carries ``true`` starts as
-        SERVING (source SEED): a restarted aggregator takes over without writing anything."""
+        SERVING (source SEED): a restarted aggregator takes over without writing anything.
+        ``by_design``: the pod carries the condition of a pod with no proxy by design (condition
+        mode); it starts as NO_PROXY_BY_DESIGN, so that a restart writes nothing to it either."""
         new = pod.key not in self._tracker
         self._tracker.register(pod.key, pod.uid, pod.node_name)
         if new and label == "true":
             self._tracker.seed(pod.key, ServeState.SERVING)
+        elif new and by_design:
+            self._tracker.seed(
+                pod.key,
+                ServeState.NO_PROXY_BY_DESIGN,
+                "Taken from the condition the pod carried at start (no proxy by design).",
+            )
 
     def pod_gone(self, key: PodKey) -> None:
         if key in self._tracker:
@@ -226,9 +237,37 @@ class Core:
             return
         if record.pushed_at is not None and record.pushed_at > started:
             return
+        if observation.state is ServeState.NO_PROXY:
+            observation = self._judged(key, observation)
         transition = self._tracker.observe(key, observation)
         if transition is not None:
             self._apply(transition)
+
+    # -- pods with no proxy by design ---------------------------------------------------
+
+    def _judged(self, key: PodKey, observation: Observation) -> Observation:
+        """A NO_PROXY observation, judged by the Serve controller's view of the pod's node."""
+        record = self._tracker.get(key)
+        if record is None:
+            return observation
+        return judged(observation, record, self._registry.proxy_meant(key))
+
+    def proxy_views_changed(self, keys: Iterable[PodKey]) -> None:
+        """The Serve controller's view of these pods' cluster changed: each is judged again
+        (:func:`~aggregator.serve_view.rejudged`), now rather than at its next report."""
+        for key in keys:
+            record = self._tracker.get(key)
+            if record is None or record.state not in NO_PROXY_STATES:
+                continue
+            judged_again = rejudged(record, self._registry.proxy_meant(key))
+            transition = judged_again and self._tracker.reclassify(key, *judged_again)
+            if transition:
+                self._apply(transition)
+
+    def no_proxy_by_design(self, key: PodKey) -> bool:
+        """Whether ``key`` has no Serve proxy by design (its condition says so)."""
+        record = self._tracker.get(key)
+        return record is not None and record.state is ServeState.NO_PROXY_BY_DESIGN
 
     # -- transitions --------------------------------------------------------------------
 

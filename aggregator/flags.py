@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 
+from aggregator import leader_flags
 from servehealth_common import flags as shared
 from servehealth_common.config import check_listen_address, setting
 from servehealth_common.tls import (
@@ -27,6 +28,7 @@ _POSITIVE = (
     "kube_qps",
     "pull_interval",
     "pull_timeout",
+    "serve_view_interval",
 )
 _AT_LEAST_1MS = (
     "hello_timeout",
@@ -133,6 +135,26 @@ class AggregatorFlags:
     )
     events: bool = setting(
         True, "Record a Kubernetes Event on a pod whenever its serve label changes."
+    )
+    ray_dashboard_port: int = setting(
+        8265,
+        "Port of the Ray dashboard on a cluster's head pod (ray.io/node-type=head) with no "
+        "container port named 'dashboard'. Its /api/serve/applications/ says where Serve "
+        "runs proxies: a worker that refuses probes where none is meant to run (HeadOnly, "
+        "Disabled, EveryNode without a replica) is NO_PROXY_BY_DESIGN, not NO_PROXY. 0: never "
+        "asked (every refusal is NO_PROXY).",
+    )
+    ray_dashboard_token_file: str = setting(
+        "",
+        "File holding the Ray dashboard's token (Ray's token authentication), read at each "
+        "poll and sent as 'authorization: Bearer'; empty: no token.",
+        shown="(none)",
+    )
+    serve_view_interval: float = setting(
+        10.0,
+        "How often each Ray cluster's dashboard is asked where Serve runs proxies (at once for "
+        "a new head); a dashboard that fails keeps its last answer.",
+        duration=True,
     )
     kube_qps: float = setting(
         20.0,
@@ -277,45 +299,13 @@ class AggregatorFlags:
     panic_min_pods: int = setting(
         3, "PANIC needs at least this many UNHEALTHY or SILENT pods (small fleets)."
     )
-    leader_elect: bool = setting(
-        False,
-        "Run as one of several replicas: only the holder of a coordination.k8s.io Lease "
-        "(the leader) accepts reports and writes to the API; a standby answers NOT_SERVING on "
-        "grpc.health.v1 and takes over when the leader is gone. Needs the kubernetes backend.",
-    )
-    leader_elect_lease_duration: float = setting(
-        3.0,
-        "How long a standby waits, after it last saw the Lease change, before it takes the "
-        "Lease over (whole seconds: the Lease stores leaseDurationSeconds).",
-        duration=True,
-    )
-    leader_elect_renew_deadline: float = setting(
-        2.0,
-        "The leader gives up (and exits) when it could not renew the Lease for this long; "
-        "shorter than --leader-elect-lease-duration.",
-        duration=True,
-    )
-    leader_elect_retry_period: float = setting(
-        0.5,
-        "How often the leader renews the Lease and a standby looks at it (jittered); each "
-        "Lease request has a deadline of half --leader-elect-renew-deadline.",
-        duration=True,
-    )
-    leader_elect_lease_name: str = setting(
-        "ray-serve-health-aggregator", "Name of the Lease the replicas elect a leader with."
-    )
-    leader_elect_namespace: str = setting(
-        "",
-        "Namespace of the Lease; without it, $POD_NAMESPACE, then the pod's own namespace "
-        "(the in-cluster ServiceAccount's namespace file).",
-        shown="(own namespace)",
-    )
-    leader_elect_identity: str = setting(
-        "",
-        "This replica's holderIdentity in the Lease; must differ between replicas. Without "
-        "it, $POD_NAME (or the host name) plus a random suffix.",
-        shown="(POD_NAME_random)",
-    )
+    leader_elect: bool = leader_flags.enabled()
+    leader_elect_lease_duration: float = leader_flags.lease_duration()
+    leader_elect_renew_deadline: float = leader_flags.renew_deadline()
+    leader_elect_retry_period: float = leader_flags.retry_period()
+    leader_elect_lease_name: str = leader_flags.lease_name()
+    leader_elect_namespace: str = leader_flags.namespace()
+    leader_elect_identity: str = leader_flags.identity()
     log_level: str = shared.log_level_flag()
     log_format: str = shared.log_format_flag()
 
@@ -339,12 +329,21 @@ class AggregatorFlags:
                 f"--heartbeat-interval ({self.heartbeat_interval:g}s), or every pod goes SILENT"
             )
         shared.check_shared(kube_timeout=self.kube_timeout, proxy_port=self.proxy_port)
+        if not 0 <= self.ray_dashboard_port < 65536:
+            raise ValueError(f"--ray-dashboard-port must be 0-65535, got {self.ray_dashboard_port}")
         if not 0 < self.panic_threshold <= 1:
             raise ValueError(
                 f"--panic-threshold must be in (0, 1] (got {self.panic_threshold:g}); "
                 "1 disables PANIC"
             )
-        self._check_leader_election()
+        leader_flags.check(
+            enabled=self.leader_elect,
+            memory_backend=self.kube_backend == "memory",
+            lease_duration=self.leader_elect_lease_duration,
+            renew_deadline=self.leader_elect_renew_deadline,
+            retry_period=self.leader_elect_retry_period,
+            lease_name=self.leader_elect_lease_name,
+        )
 
     def _check_tls(self) -> None:
         check_pair(self.tls_cert, self.tls_key, "--tls-cert", "--tls-key")
@@ -370,30 +369,6 @@ class AggregatorFlags:
             if not holds(value):
                 shown = _shown(value, duration=name in durations)
                 raise ValueError(f"--{name.replace('_', '-')} {rule} (got {shown})")
-
-    def _check_leader_election(self) -> None:
-        duration = self.leader_elect_lease_duration
-        deadline = self.leader_elect_renew_deadline
-        retry = self.leader_elect_retry_period
-        if self.leader_elect and self.kube_backend == "memory":
-            raise ValueError(
-                "--leader-elect needs the kubernetes backend (the Lease lives in the API); "
-                "--kube-backend memory keeps everything in one process"
-            )
-        if duration < 1 or duration != int(duration):
-            raise ValueError(
-                f"--leader-elect-lease-duration ({duration:g}s) must be a whole number of "
-                "seconds, at least 1 (the Lease stores leaseDurationSeconds)"
-            )
-        if not duration > deadline > retry * 1.2 > 0:
-            raise ValueError(
-                f"leader election needs --leader-elect-lease-duration ({duration:g}s) > "
-                f"--leader-elect-renew-deadline ({deadline:g}s) > 1.2 x "
-                f"--leader-elect-retry-period ({retry:g}s) > 0: the leader must give up before "
-                "a standby may take over, and have time to retry within the deadline"
-            )
-        if not self.leader_elect_lease_name:
-            raise ValueError("--leader-elect-lease-name must not be empty")
 
     @property
     def effective_startup_grace(self) -> float:

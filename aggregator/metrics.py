@@ -126,6 +126,13 @@ class Metrics:
             ["result"],
             registry=r,
         )
+        self.serve_view_polls = Counter(
+            f"{PREFIX}_serve_view_polls",
+            "GETs of a Ray head's /api/serve/applications/ (where Serve runs proxies), by "
+            "result (ok, error: the cluster keeps its last view).",
+            ["result"],
+            registry=r,
+        )
 
         self.pull_probes = Counter(
             f"{PREFIX}_pull_probes",

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import abc
 import logging
+from collections.abc import Iterable
 from typing import Protocol
 
+from aggregator.serve_view import UNKNOWN, ProxyIntent
 from aggregator.tracker import StateChange
 from aggregator.write_rule import WriteKind, write_needed
 from servehealth_common.pod_identity import PodInfo, PodKey
@@ -22,14 +24,21 @@ log = logging.getLogger(__name__)
 class PodSink(Protocol):
     """What a registry tells the core about pods it discovers (the core implements it)."""
 
-    def pod_seen(self, pod: PodInfo, label: str | None) -> None:
-        """A pod exists (new or changed); ``label`` is the serve label it carries now."""
+    def pod_seen(self, pod: PodInfo, label: str | None, *, by_design: bool = False) -> None:
+        """A pod exists (new or changed); ``label`` is the serve label it carries now;
+        ``by_design``: it carries the condition of a pod with no proxy by design."""
 
     def pod_gone(self, key: PodKey) -> None:
         """A pod was deleted: forget it, write nothing to it."""
 
     def desired_label(self, key: PodKey) -> str | None:
         """The label the core wants for ``key`` (None if it does not track it)."""
+
+    def no_proxy_by_design(self, key: PodKey) -> bool:
+        """Whether ``key`` is NO_PROXY_BY_DESIGN (its condition is True, not False)."""
+
+    def proxy_views_changed(self, keys: Iterable[PodKey]) -> None:
+        """The Serve controller's view of these pods' cluster changed: judge them again."""
 
 
 class PodRegistry(abc.ABC):
@@ -62,6 +71,11 @@ class PodRegistry(abc.ABC):
     def pod(self, key: PodKey) -> PodInfo | None:
         """What the backend knows of the pod (address and port for pulls)."""
         return None
+
+    def proxy_meant(self, key: PodKey) -> ProxyIntent:
+        """Whether the Serve controller means a proxy to run at the pod (unknown without a
+        view of its cluster: the memory backend has none)."""
+        return UNKNOWN
 
     @abc.abstractmethod
     def carried(self, key: PodKey, kind: WriteKind) -> str | None:

@@ -125,7 +125,12 @@ class Tracker:
         self._counts[ServeState.UNKNOWN] += 1
         return record
 
-    def seed(self, key: PodKey, state: ServeState) -> None:
+    def seed(
+        self,
+        key: PodKey,
+        state: ServeState,
+        reason: str = "Taken from the label the pod carried at start.",
+    ) -> None:
         """Start a just-registered pod in ``state`` (believed, not observed), with no
         transition: what the cluster already shows when the aggregator starts."""
         record = self._records[key]
@@ -133,7 +138,7 @@ class Tracker:
         self._counts[state] += 1
         record.state = state
         record.source = Source.SEED
-        record.reason = "Taken from the label the pod carried at start."
+        record.reason = reason
 
     def hold_expiry(self, seconds: float) -> None:
         """No pod goes SILENT for ``seconds`` from now (agents reconnecting after a start)."""
@@ -224,6 +229,15 @@ class Tracker:
             queue[key] = None
         return self._gate(record, observation.state, now, observation.source)
 
+    def reclassify(self, key: PodKey, state: ServeState, reason: str) -> StateChange | None:
+        """The same observation, judged anew (NO_PROXY <-> NO_PROXY_BY_DESIGN when the Serve
+        controller's view changed): ``state`` must be on the same side as the pod's state, and
+        nothing was observed, so no time of the record moves."""
+        record = self._records[key]
+        assert state.serving == record.state.serving, (record.state, state)
+        record.reason = reason
+        return self._gate(record, state, self._clock(), record.source)
+
     def expire(self) -> list[StateChange]:
         """Pods not observed for longer than their TTL become SILENT: the kept TTL while an
         on-change stream is open, the heartbeat TTL after a heartbeat (or since registration,
@@ -277,7 +291,8 @@ class Tracker:
                           failure_threshold consecutive
                           non-SERVING observations
             SERVING  ---------------------------------------> NOT_READY | DRAINING |
-               ^                                              NO_PROXY | UNHEALTHY
+               ^                                              NO_PROXY | UNHEALTHY |
+               |                                              NO_PROXY_BY_DESIGN
                |         success_threshold consecutive          |  (moves between these
                +------- SERVING observations (hysteresis) ------+   at once: the label
                                                                      does not change)
@@ -285,7 +300,9 @@ class Tracker:
             SILENT   ---- next observation, as from UNKNOWN ---> observed state
 
         Only a change of side (serving or not) is held back by a threshold; an observation on
-        the same side as the current state resets the streak.
+        the same side as the current state resets the streak. NO_PROXY_BY_DESIGN arrives here
+        already judged: the core turns NO_PROXY into it where the Serve controller runs no
+        proxy (:func:`aggregator.serve_view.judge_no_proxy`).
         """
         current = record.state
         if observed is current:

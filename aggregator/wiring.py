@@ -40,6 +40,7 @@ from aggregator.registry import MemoryRegistry, PodRegistry
 from aggregator.report_service import ReportService, ReportSettings
 from aggregator.resync import ResyncSettings
 from aggregator.self_protection import ProtectionSettings
+from aggregator.serve_view_poller import ServeViewSettings
 from aggregator.server import Aggregator, Election, PortSettings
 from aggregator.tracker import Clock, Tracker, TrackerSettings
 from servehealth_common.config import split_host_port
@@ -144,6 +145,17 @@ def kube_settings(flags: AggregatorFlags) -> KubeSettings:
         qps=flags.kube_qps,
         burst=flags.kube_burst,
         concurrency=flags.kube_concurrency,
+        serve_view=serve_view_settings(flags),
+    )
+
+
+def serve_view_settings(flags: AggregatorFlags) -> ServeViewSettings:
+    return ServeViewSettings(
+        dashboard_port=flags.ray_dashboard_port,
+        interval=flags.serve_view_interval,
+        # A slow dashboard must not hold the start (one round runs before reports are taken).
+        timeout=min(2.0, flags.serve_view_interval),
+        token_file=flags.ray_dashboard_token_file,
     )
 
 

@@ -25,9 +25,30 @@ class WriteKind(enum.Enum):
     CONDITION = "condition"
 
 
-def condition_status(label: str) -> str:
-    """The readiness-gate condition status that goes with a label value."""
+#: The condition of a pod with no Serve proxy by design: status ``True`` with this reason (the
+#: pod is healthy; it merely is not an ingress). As a condition value (what a pod carries, what
+#: is wanted), this word: it differs from a plain ``"True"``, so the reason gets written.
+NO_PROXY_BY_DESIGN = "NoProxyByDesign"
+
+
+def condition_status(label: str, *, by_design: bool = False) -> str:
+    """The readiness-gate condition value that goes with a label value: ``"True"`` or
+    ``"False"``; :data:`NO_PROXY_BY_DESIGN` for a pod with no proxy by design."""
+    if by_design and label == "false":
+        return NO_PROXY_BY_DESIGN
     return "True" if label == "true" else "False"
+
+
+def condition_fields(value: str) -> tuple[str, str]:
+    """The status and reason a condition value is written with."""
+    if value == NO_PROXY_BY_DESIGN:
+        return "True", NO_PROXY_BY_DESIGN
+    return value, "ServeProxyServing" if value == "True" else "ServeProxyNotServing"
+
+
+def condition_value(status: str, reason: str) -> str:
+    """The value of a condition as a pod carries it (its status and reason, as read)."""
+    return NO_PROXY_BY_DESIGN if status == "True" and reason == NO_PROXY_BY_DESIGN else status
 
 
 def write_needed(kind: WriteKind, carried: str | None, wanted: str) -> bool:

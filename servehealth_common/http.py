@@ -13,9 +13,10 @@ around a request. The request event is built (and validated by h11) once per URL
 
 What it does, and no more:
 
-- ``GET`` of ``http(s)://host:port/path``, ``Host`` and ``Connection: keep-alive`` headers,
-  redirects not followed (a 3xx is just a status), at most :data:`MAX_BODY_BYTES` of body: a
-  longer one is cut there and its connection closed rather than drained.
+- ``GET`` of ``http(s)://host:port/path``, ``Host`` and ``Connection: keep-alive`` headers
+  (and any given per request), redirects not followed (a 3xx is just a status), at most
+  :data:`MAX_BODY_BYTES` of body (or ``max_body``): a longer one is cut there and its
+  connection closed rather than drained.
 - A keep-alive pool per (scheme, host, port): at most ``max_idle_per_host`` idle connections per
   host, ``max_idle`` in all, none idle longer than ``idle_timeout``. A connection the server
   closes while idle leaves the pool at once; one it closed just before it was reused (EOF or
@@ -61,7 +62,7 @@ class ServerDisconnected(HTTPClientError):
 
 class Response(NamedTuple):
     status: int
-    body: bytes  # at most MAX_BODY_BYTES
+    body: bytes  # at most MAX_BODY_BYTES (or the request's max_body)
 
 
 Key = tuple[str, str, int]  # scheme, host, port
@@ -122,17 +123,26 @@ class HTTPClient:
     async def __aexit__(self, *_: object) -> None:
         await self.close()
 
-    async def get(self, url: str) -> Response:
+    async def get(
+        self,
+        url: str,
+        *,
+        headers: tuple[tuple[str, str], ...] = (),
+        max_body: int = MAX_BODY_BYTES,
+    ) -> Response:
+        """``GET url``; ``headers`` are sent besides the client's own, and at most ``max_body``
+        bytes of the answer are read."""
         target = parse_url(url)
+        request = _request(target) if not headers else _request_with(target, headers)
         pooled = self._take(target[:3])
         if pooled is not None:
             try:
-                return await self._exchange(pooled, target)
+                return await self._exchange(pooled, request, max_body)
             except (ServerDisconnected, ConnectionError):
                 if pooled.answered:
                     raise
                 # The server closed it while it sat idle: try once more, on a new connection.
-        return await self._exchange(await _connect(target), target)
+        return await self._exchange(await _connect(target), request, max_body)
 
     async def close(self) -> None:
         self._closed = True
@@ -142,9 +152,11 @@ class HTTPClient:
 
     # -- the pool ------------------------------------------------------------------------
 
-    async def _exchange(self, connection: _Connection, target: Target) -> Response:
+    async def _exchange(
+        self, connection: _Connection, request: h11.Request, max_body: int
+    ) -> Response:
         try:
-            response, reusable = await connection.request(target)
+            response, reusable = await connection.request(request, max_body)
         except BaseException:
             connection.abort()  # a cancelled or failed request leaves the connection unusable
             raise
@@ -240,6 +252,13 @@ def _request(target: Target) -> h11.Request:
     )
 
 
+def _request_with(target: Target, headers: tuple[tuple[str, str], ...]) -> h11.Request:
+    """The request event for ``target`` with extra ``headers`` (not cached: they may hold a
+    secret); h11.LocalProtocolError for a header it refuses."""
+    base = _request(target)
+    return h11.Request(method="GET", target=target.path, headers=[*base.headers, *headers])
+
+
 def _is_ip_address(host: str) -> bool:
     for family in (socket.AF_INET, socket.AF_INET6):
         try:
@@ -263,18 +282,22 @@ class _Connection(asyncio.Protocol):
         self._waiter: asyncio.Future[tuple[Response, bool]] | None = None
         self._status = 0
         self._body = bytearray()
+        self._max_body = MAX_BODY_BYTES
 
     @property
     def usable(self) -> bool:
         return self._transport is not None and not self._transport.is_closing()
 
-    async def request(self, target: Target) -> tuple[Response, bool]:
-        """The answer to ``GET target.path``, and whether the connection may be reused."""
+    async def request(
+        self, request: h11.Request, max_body: int = MAX_BODY_BYTES
+    ) -> tuple[Response, bool]:
+        """The answer to ``request``, and whether the connection may be reused."""
         assert self._transport is not None, "not connected"
         assert self._waiter is None, "one request at a time"
         http = self._http
-        data = http.send(_request(target)) + http.send(_END)  # type: ignore[operator]
+        data = http.send(request) + http.send(_END)  # type: ignore[operator]
         self.answered, self._status, self._body = False, 0, bytearray()
+        self._max_body = max_body
         self._waiter = asyncio.get_running_loop().create_future()
         self._transport.write(data)
         try:
@@ -341,7 +364,7 @@ class _Connection(asyncio.Protocol):
                     self._status = event.status_code
                 elif kind is h11.Data:
                     self._body += event.data
-                    if len(self._body) >= MAX_BODY_BYTES:  # enough: no draining the rest
+                    if len(self._body) >= self._max_body:  # enough: no draining the rest
                         self._finish(reusable=False)
                         return
                 elif kind is h11.EndOfMessage:
@@ -362,5 +385,5 @@ class _Connection(asyncio.Protocol):
             self._waiter.set_exception(HTTPClientError(f"Invalid HTTP answer: {error}"))
 
     def _finish(self, reusable: bool) -> None:
-        body = bytes(self._body[:MAX_BODY_BYTES])
+        body = bytes(self._body[: self._max_body])
         self._waiter.set_result((Response(self._status, body), reusable))

@@ -18,13 +18,16 @@ class ServeState(enum.IntEnum):
     UNHEALTHY = 5
     SILENT = 6  # aggregator only: no report within the heartbeat TTL
     UNKNOWN = 7  # aggregator only: nothing observed yet
+    #: aggregator only: NO_PROXY where the Serve controller runs no proxy by design
+    NO_PROXY_BY_DESIGN = 8
 
     @property
     def serving(self) -> bool:
         return self is ServeState.SERVING
 
 
-#: States an agent (or a pull probe) may report; SILENT and UNKNOWN are the aggregator's own.
+#: States an agent (or a pull probe) may report; SILENT, UNKNOWN and NO_PROXY_BY_DESIGN are
+#: the aggregator's own.
 OBSERVABLE_STATES: frozenset[ServeState] = frozenset(
     {
         ServeState.SERVING,

@@ -1,4 +1,6 @@
-"""Kubernetes Events on pods whose serve label changes (best effort, rate-limited)."""
+"""Kubernetes Events on pods whose serve label (or condition) changes (best effort,
+rate-limited): ``ServeHealthy``, ``ServeUnhealthy``, and ``ServeNoProxyByDesign`` (Normal: a pod
+where Serve runs no proxy by design)."""
 
 from __future__ import annotations
 
@@ -22,6 +24,10 @@ COMPONENT = "ray-serve-health"
 
 def event_body(pod: PodInfo, transition: StateChange) -> dict[str, object]:
     serving = transition.new is ServeState.SERVING
+    if transition.new is ServeState.NO_PROXY_BY_DESIGN:  # a steady state, not a failure
+        reason, kind = "ServeNoProxyByDesign", "Normal"
+    else:
+        reason, kind = ("ServeHealthy", "Normal") if serving else ("ServeUnhealthy", "Warning")
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     return {
         "metadata": {"generateName": f"{pod.key.name}.", "namespace": pod.key.namespace},
@@ -32,11 +38,11 @@ def event_body(pod: PodInfo, transition: StateChange) -> dict[str, object]:
             "name": pod.key.name,
             "uid": pod.uid,
         },
-        "reason": "ServeHealthy" if serving else "ServeUnhealthy",
+        "reason": reason,
         "message": (
             f"Serve proxy {transition.old.name} -> {transition.new.name}: {transition.reason}"
         )[:1024],
-        "type": "Normal" if serving else "Warning",
+        "type": kind,
         "source": {"component": COMPONENT},
         "reportingComponent": COMPONENT,
         "reportingInstance": COMPONENT,

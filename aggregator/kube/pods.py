@@ -5,8 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from aggregator.write_rule import condition_value
 from servehealth_common.kube.pods import serve_port
 from servehealth_common.pod_identity import PodInfo, PodKey
+
+#: KubeRay's labels: a pod's Ray cluster, and its node type (``head`` or ``worker``).
+CLUSTER_LABEL = "ray.io/cluster"
+NODE_TYPE_LABEL = "ray.io/node-type"
+#: KubeRay names the Ray dashboard's container port (on the head) "dashboard".
+DASHBOARD_PORT_NAME = "dashboard"
 
 
 @dataclass(frozen=True, slots=True)
@@ -15,11 +22,23 @@ class KubePod:
     resource_version: str
     labels: dict[str, str]
     readiness_gates: frozenset[str]
-    conditions: dict[str, str]  # condition type -> status ("True"/"False"/"Unknown")
+    #: condition type -> value: its status ("True"/"False"/"Unknown"), or
+    #: :data:`~aggregator.write_rule.NO_PROXY_BY_DESIGN` (True with that reason)
+    conditions: dict[str, str]
+    dashboard_port: int = 0  # the container port named "dashboard" (0: none)
 
     @property
     def key(self) -> PodKey:
         return self.info.key
+
+    @property
+    def cluster(self) -> str:
+        """The pod's Ray cluster (KubeRay's ``ray.io/cluster`` label; empty: none)."""
+        return self.labels.get(CLUSTER_LABEL, "")
+
+    @property
+    def head(self) -> bool:
+        return self.labels.get(NODE_TYPE_LABEL) == "head"
 
 
 def parse_pod(pod: dict[str, Any], default_port: int) -> KubePod:
@@ -40,5 +59,17 @@ def parse_pod(pod: dict[str, Any], default_port: int) -> KubePod:
         readiness_gates=frozenset(
             gate.get("conditionType", "") for gate in spec.get("readinessGates") or []
         ),
-        conditions={c.get("type", ""): c.get("status", "") for c in status.get("conditions") or []},
+        conditions={
+            c.get("type", ""): condition_value(c.get("status", ""), c.get("reason", ""))
+            for c in status.get("conditions") or []
+        },
+        dashboard_port=_port_named(spec, DASHBOARD_PORT_NAME),
     )
+
+
+def _port_named(spec: dict[str, Any], name: str) -> int:
+    for container in spec.get("containers") or []:
+        for port in container.get("ports") or []:
+            if port.get("name") == name and port.get("containerPort"):
+                return int(port["containerPort"])
+    return 0

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from aggregator.kube.api import KubeApi
@@ -15,9 +16,17 @@ from aggregator.kube.pods import KubePod, parse_pod
 from aggregator.kube.writer import Writer, WriterSettings
 from aggregator.metrics import Metrics
 from aggregator.registry import PodRegistry, PodSink
+from aggregator.serve_view import UNKNOWN, ProxyIntent, proxy_meant
+from aggregator.serve_view_poller import (
+    ClusterKey,
+    ServeViewPoller,
+    ServeViewSettings,
+    dashboard_url,
+)
 from aggregator.tracker import StateChange
-from aggregator.write_rule import WriteKind, condition_status
+from aggregator.write_rule import NO_PROXY_BY_DESIGN, WriteKind, condition_status
 from servehealth_common.pod_identity import PodInfo, PodKey
+from servehealth_common.states import ServeState
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +44,8 @@ class KubeSettings:
     burst: int
     concurrency: int
     watch_timeout: int = 300
+    #: Where Serve runs proxies, from each Ray cluster's dashboard (off by default here).
+    serve_view: ServeViewSettings = field(default_factory=ServeViewSettings)
 
     @property
     def writes_label(self) -> bool:
@@ -91,6 +102,9 @@ class KubeRegistry(PodRegistry):
             watch_timeout=settings.watch_timeout,
         )
         self.events = EventRecorder(api, metrics) if settings.events else None
+        self.serve_views = ServeViewPoller(
+            settings.serve_view, self._heads, self._view_changed, metrics
+        )
         self._tasks: list[asyncio.Task[None]] = []
         self._stopped = False
         metrics.track_writer(lambda: self.writer.pending)
@@ -105,6 +119,11 @@ class KubeRegistry(PodRegistry):
             asyncio.create_task(self.discovery.watch_forever(), name="discovery"),
             asyncio.create_task(self.writer.run(), name="writer"),
         ]
+        if self.settings.serve_view.enabled:
+            # One round first (each GET has its deadline): agents' NO_PROXY reports, accepted
+            # once this returns, are judged with the views already there.
+            await self.serve_views.poll_all()
+            self._tasks.append(asyncio.create_task(self.serve_views.run(), name="serve-views"))
 
     async def stop(self) -> None:
         """Stop discovery and every write (once; a second call does nothing)."""
@@ -143,18 +162,66 @@ class KubeRegistry(PodRegistry):
             message = None
             if transition is not None:
                 message = f"{transition.new.name}: {transition.reason}"[:512]
-            moves |= self.writer.want(key, WriteKind.CONDITION, condition_status(value), message)
-        if (
-            moves
-            and self.events is not None
-            and transition is not None
-            and transition.label_changed
-        ):
+            condition = self._condition(key, value)
+            moves |= self.writer.want(key, WriteKind.CONDITION, condition, message)
+        if moves and self.events is not None and transition is not None and self._told(transition):
             self.events.record(pod.info, transition)
+
+    def _condition(self, key: PodKey, label: str) -> str:
+        """The condition that goes with ``label``: True for a pod with no proxy by design."""
+        assert self._sink is not None
+        return condition_status(label, by_design=self._sink.no_proxy_by_design(key))
+
+    def _told(self, transition: StateChange) -> bool:
+        """Whether ``transition`` changes what the pod is told: its label, or its condition
+        (NO_PROXY_BY_DESIGN's is True where other failures' is False)."""
+        by_design = ServeState.NO_PROXY_BY_DESIGN
+        return transition.label_changed or (
+            self.settings.writes_condition
+            and (transition.old is by_design) != (transition.new is by_design)
+        )
 
     def pod(self, key: PodKey) -> PodInfo | None:
         pod = self._pods.get(key)
         return pod.info if pod else None
+
+    def proxy_meant(self, key: PodKey) -> ProxyIntent:
+        pod = self._pods.get(key)
+        if pod is None or not pod.cluster:
+            return UNKNOWN
+        view = self.serve_views.view((key.namespace, pod.cluster))
+        return proxy_meant(view, pod.info.pod_ip, head=pod.head)
+
+    # -- the Ray clusters' dashboards (ServeViewPoller) ---------------------------------
+
+    def _dashboard(self, pod: KubePod) -> str | None:
+        port = pod.dashboard_port or self.settings.serve_view.dashboard_port
+        return dashboard_url(pod.info.pod_ip, port) if pod.info.pod_ip else None
+
+    def _heads(self) -> Mapping[ClusterKey, str | None]:
+        """Each Ray cluster with tracked pods, and its head's dashboard (None: not known)."""
+        heads: dict[ClusterKey, str | None] = {}
+        for pod in self._pods.values():
+            if not pod.cluster:
+                continue
+            cluster = (pod.key.namespace, pod.cluster)
+            if pod.head:
+                heads[cluster] = self._dashboard(pod)
+            else:
+                heads.setdefault(cluster, None)
+        return heads
+
+    def _view_changed(self, cluster: ClusterKey) -> None:
+        if self._sink is None:
+            return
+        namespace, name = cluster
+        self._sink.proxy_views_changed(
+            [
+                key
+                for key, pod in self._pods.items()
+                if key.namespace == namespace and pod.cluster == name
+            ]
+        )
 
     # -- discovery callbacks ------------------------------------------------------------
 
@@ -167,7 +234,14 @@ class KubeRegistry(PodRegistry):
             return
         self._pods[pod.key] = pod
         assert self._sink is not None
-        self._sink.pod_seen(pod.info, pod.labels.get(self.settings.label_key))
+        gated = (
+            self.settings.writes_condition and self.settings.condition_type in pod.readiness_gates
+        )
+        by_design = gated and self.carried(pod.key, WriteKind.CONDITION) == NO_PROXY_BY_DESIGN
+        label = pod.labels.get(self.settings.label_key)
+        self._sink.pod_seen(pod.info, label, by_design=by_design)
+        if pod.head and pod.cluster:
+            self.serve_views.head_seen((pod.key.namespace, pod.cluster), self._dashboard(pod))
         # Someone else may have changed the label (or the condition): the writer puts back
         # what we want wherever write_needed says it differs. A condition nobody wrote yet is
         # not drift: it is written with the pod's first transition.
@@ -176,12 +250,8 @@ class KubeRegistry(PodRegistry):
             return
         if self.settings.writes_label:
             self.writer.want(pod.key, WriteKind.LABEL, wanted)
-        if (
-            self.settings.writes_condition
-            and self.settings.condition_type in pod.readiness_gates
-            and self.carried(pod.key, WriteKind.CONDITION) is not None
-        ):
-            self.writer.want(pod.key, WriteKind.CONDITION, condition_status(wanted))
+        if gated and self.carried(pod.key, WriteKind.CONDITION) is not None:
+            self.writer.want(pod.key, WriteKind.CONDITION, self._condition(pod.key, wanted))
 
     def _delete(self, key: PodKey) -> None:
         self._pods.pop(key, None)

@@ -26,7 +26,7 @@ from aiolimiter import AsyncLimiter
 
 from aggregator.kube.api import KubeApi
 from aggregator.metrics import Metrics
-from aggregator.write_rule import WriteKind, write_needed
+from aggregator.write_rule import WriteKind, condition_fields, write_needed
 from servehealth_common.kube.errors import APIConflictError, APIError, APINotFoundError
 from servehealth_common.pod_identity import PodKey
 
@@ -215,10 +215,11 @@ class Writer:
                 key, {"metadata": {"labels": {self.settings.label_key: value}}}
             )
         now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        status, reason = condition_fields(value)
         condition = {
             "type": self.settings.condition_type,
-            "status": value,
-            "reason": "ServeProxyServing" if value == "True" else "ServeProxyNotServing",
+            "status": status,
+            "reason": reason,
             "message": message,
             "lastTransitionTime": now,
         }

@@ -21,6 +21,7 @@ class ServeState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SERVE_STATE_UNHEALTHY: _ClassVar[ServeState]
     SERVE_STATE_SILENT: _ClassVar[ServeState]
     SERVE_STATE_UNKNOWN: _ClassVar[ServeState]
+    SERVE_STATE_NO_PROXY_BY_DESIGN: _ClassVar[ServeState]
 
 class AgentMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -42,6 +43,7 @@ SERVE_STATE_NO_PROXY: ServeState
 SERVE_STATE_UNHEALTHY: ServeState
 SERVE_STATE_SILENT: ServeState
 SERVE_STATE_UNKNOWN: ServeState
+SERVE_STATE_NO_PROXY_BY_DESIGN: ServeState
 AGENT_MODE_UNSPECIFIED: AgentMode
 AGENT_MODE_SIDECAR: AgentMode
 AGENT_MODE_DAEMONSET: AgentMode

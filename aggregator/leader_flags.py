@@ -1,0 +1,104 @@
+"""The aggregator's leader-election settings (``--leader-elect*``), declared as a group.
+
+Each function returns a fresh :func:`~servehealth_common.config.setting` for one field of
+:class:`aggregator.flags.AggregatorFlags` (as :mod:`servehealth_common.flags` does for the
+shared ones), and :func:`check` validates them together.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from servehealth_common.config import setting
+
+
+def enabled() -> Any:
+    return setting(
+        False,
+        "Run as one of several replicas: only the holder of a coordination.k8s.io Lease "
+        "(the leader) accepts reports and writes to the API; a standby answers NOT_SERVING on "
+        "grpc.health.v1 and takes over when the leader is gone. Needs the kubernetes backend.",
+    )
+
+
+def lease_duration() -> Any:
+    return setting(
+        3.0,
+        "How long a standby waits, after it last saw the Lease change, before it takes the "
+        "Lease over (whole seconds: the Lease stores leaseDurationSeconds).",
+        duration=True,
+    )
+
+
+def renew_deadline() -> Any:
+    return setting(
+        2.0,
+        "The leader gives up (and exits) when it could not renew the Lease for this long; "
+        "shorter than --leader-elect-lease-duration.",
+        duration=True,
+    )
+
+
+def retry_period() -> Any:
+    return setting(
+        0.5,
+        "How often the leader renews the Lease and a standby looks at it (jittered); each "
+        "Lease request has a deadline of half --leader-elect-renew-deadline.",
+        duration=True,
+    )
+
+
+def lease_name() -> Any:
+    return setting(
+        "ray-serve-health-aggregator", "Name of the Lease the replicas elect a leader with."
+    )
+
+
+def namespace() -> Any:
+    return setting(
+        "",
+        "Namespace of the Lease; without it, $POD_NAMESPACE, then the pod's own namespace "
+        "(the in-cluster ServiceAccount's namespace file).",
+        shown="(own namespace)",
+    )
+
+
+def identity() -> Any:
+    return setting(
+        "",
+        "This replica's holderIdentity in the Lease; must differ between replicas. Without "
+        "it, $POD_NAME (or the host name) plus a random suffix.",
+        shown="(POD_NAME_random)",
+    )
+
+
+def check(
+    *,
+    enabled: bool,
+    memory_backend: bool,
+    lease_duration: float,
+    renew_deadline: float,
+    retry_period: float,
+    lease_name: str,
+) -> None:
+    """Validate the leader-election settings; ValueError naming the flag."""
+    duration, deadline, retry = lease_duration, renew_deadline, retry_period
+    if enabled and memory_backend:
+        raise ValueError(
+            "--leader-elect needs the kubernetes backend (the Lease lives in the API); "
+            "--kube-backend memory keeps everything in one process"
+        )
+    if duration < 1 or duration != int(duration):
+        raise ValueError(
+            f"--leader-elect-lease-duration ({duration:g}s) must be a whole number of "
+            "seconds, at least 1 (the Lease stores leaseDurationSeconds)"
+        )
+    if not duration > deadline > retry * 1.2 > 0:
+        raise ValueError(
+            f"leader election needs --leader-elect-lease-duration ({duration:g}s) > "
+            f"--leader-elect-renew-deadline ({deadline:g}s) > 1.2 x "
+            f"--leader-elect-retry-period ({retry:g}s) > 0: the leader must give up before "
+            "a standby may take over, and have time to retry within the deadline"
+        )
+    if not lease_name:
+        raise ValueError("--leader-elect-lease-name must not be empty")
