@@ -70,7 +70,9 @@ def parse_view(document: Any) -> ServeView:
     location = document.get("proxy_location")
     if location is not None and location not in LOCATIONS:
         raise BadView(f"unknown proxy_location {location!r}")
-    proxies = document.get("proxies") or {}
+    proxies = document.get("proxies")
+    if proxies is None:
+        proxies = {}
     if not isinstance(proxies, dict):
         raise BadView("proxies is not an object")
     found: dict[str, str] = {}
