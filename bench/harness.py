@@ -306,9 +306,10 @@ def start_agent(
     *,
     name: str = "agent",
     timeout: float = 20.0,
+    extra_args: Sequence[str] = (),
 ) -> Process:
-    """``python -m node_agent`` for ``pod``, probing a Serve proxy on ``serve_port``; returns
-    once it is connected to the aggregator."""
+    """``python -m node_agent`` for ``pod``, probing a Serve proxy on ``serve_port`` (and
+    ``extra_args``); returns once it is connected to the aggregator."""
     env = agent_environ(pod)
     process = spawn(
         name,
@@ -323,6 +324,7 @@ def start_agent(
             AGENT_INTERVAL,
             "--probe-timeout",
             AGENT_PROBE_TIMEOUT,
+            *extra_args,
         ],
         log_dir / f"{name}.log",
         env,
@@ -485,11 +487,11 @@ def hello_app() -> Any:
     return Hello.bind()
 
 
-def deploy_app(name: str = "app") -> None:
-    """Deploy :func:`hello_app` at ``/`` and wait until it runs."""
+def deploy_app(name: str = "app", route_prefix: str = "/") -> None:
+    """Deploy :func:`hello_app` at ``route_prefix`` and wait until it runs."""
     from ray import serve
 
-    serve.run(hello_app(), name=name, route_prefix="/")
+    serve.run(hello_app(), name=name, route_prefix=route_prefix)
 
 
 def delete_app(name: str = "app") -> None:

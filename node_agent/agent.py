@@ -40,6 +40,7 @@ class Agent:
     ) -> None:
         rng = rng or random.Random()
         outbox = Outbox()
+        grpc_address = settings.grpc_proxy_address
         self.probe = PodProbe(
             settings.proxy_url,
             prober,
@@ -47,7 +48,9 @@ class Agent:
             confirm_delay=settings.confirm_delay,
             on_result=functools.partial(outbox.put, OWN_POD, None),
             rng=rng,
-            name=f"proxy {settings.proxy_url}",
+            name=f"proxy {settings.proxy_url}"
+            + (f" and gRPC proxy {grpc_address}" if grpc_address else ""),
+            grpc_address=grpc_address,
             watchdog=watchdog,
         )
         hello = pb.Hello(

@@ -22,13 +22,15 @@ from node_agent.identity import (
 from node_agent.watchdog import Watchdog
 from servehealth_common import logs, runtime
 from servehealth_common.config import load
+from servehealth_common.grpc_healthz import GrpcHealthz
 from servehealth_common.probe import Prober, make_session
 
 if TYPE_CHECKING:  # the Kubernetes client costs ~30 MiB: only DaemonSet mode loads it
     from node_agent.daemonset import NodeAgent
 
 DESCRIPTION = (
-    "Probe Ray Serve HTTP proxies and stream their health to the ray-serve-health aggregator. "
+    "Probe Ray Serve proxies (HTTP, and gRPC with --grpc-proxy-port) and stream their health "
+    "to the ray-serve-health aggregator. "
     "Sidecar mode: the local proxy, identity from the downward API (POD_NAMESPACE, POD_NAME, "
     "POD_UID, NODE_NAME). DaemonSet mode: every Ray pod on the node NODE_NAME, found by listing "
     "and watching pods."
@@ -41,23 +43,35 @@ MakeAgent = Callable[[Prober, "Watchdog | None"], "Agent | NodeAgent"]
 
 
 async def run(settings: AgentFlags, make_agent: MakeAgent) -> None:
-    async with make_session() as session:
-        prober = Prober(session, settings.probe_timeout, concurrency=settings.probe_concurrency)
-        stall_timeout = settings.effective_stall_timeout
-        dog = Watchdog(stall_timeout) if stall_timeout else None
-        agent = make_agent(prober, dog)
-        task = asyncio.create_task(agent.run())
-        if dog is not None:
-            beat = asyncio.create_task(watchdog.beat_forever(dog), name="watchdog beat")
-            task.add_done_callback(lambda _: beat.cancel())
-            watchdog.start(dog)
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, task.cancel)
-        try:
-            await task
-        except asyncio.CancelledError:
-            log.info("agent stopped")
+    grpc_healthz = GrpcHealthz(settings.probe_timeout)  # no channel until a gRPC probe
+    try:
+        async with make_session() as session:
+            prober = Prober(
+                session,
+                settings.probe_timeout,
+                concurrency=settings.probe_concurrency,
+                grpc=grpc_healthz,
+            )
+            stall_timeout = settings.effective_stall_timeout
+            dog = Watchdog(stall_timeout) if stall_timeout else None
+            await _run_until_signalled(make_agent(prober, dog), dog)
+    finally:
+        await grpc_healthz.close()
+
+
+async def _run_until_signalled(agent: Agent | NodeAgent, dog: Watchdog | None) -> None:
+    task = asyncio.create_task(agent.run())
+    if dog is not None:
+        beat = asyncio.create_task(watchdog.beat_forever(dog), name="watchdog beat")
+        task.add_done_callback(lambda _: beat.cancel())
+        watchdog.start(dog)
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, task.cancel)
+    try:
+        await task
+    except asyncio.CancelledError:
+        log.info("agent stopped")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -74,11 +88,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run_sidecar(settings: AgentFlags) -> int:
     identity = SidecarPod.from_environ(os.environ)
+    grpc = settings.grpc_proxy_address
     log.info(
         "agent for pod %s on node %s: probing %s every %gs, reporting to %s",
         identity,
         identity.node_name,
-        settings.proxy_url,
+        settings.proxy_url + (f" and gRPC proxy {grpc}" if grpc else ""),
         settings.interval,
         settings.aggregator,
     )

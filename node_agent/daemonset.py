@@ -27,7 +27,13 @@ from node_agent.stream import ReportClient
 from node_agent.watchdog import Watchdog
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth_common.kube.client import KubeClient, load_configuration
-from servehealth_common.kube.pods import healthz_url, serve_port
+from servehealth_common.kube.pods import (
+    SERVE_GRPC_PORT_NAME,
+    grpc_address,
+    healthz_url,
+    named_port,
+    serve_port,
+)
 from servehealth_common.kube.watch import PodWatch
 from servehealth_common.pod_identity import PodKey
 from servehealth_common.probe import Prober
@@ -69,9 +75,12 @@ class PodTarget:
     pod_ip: str
     serve_port: int
     finished: bool
+    grpc_port: int = 0  # 0: no gRPC ingress
 
     @classmethod
-    def from_pod(cls, pod: dict[str, Any], default_port: int) -> PodTarget:
+    def from_pod(
+        cls, pod: dict[str, Any], default_port: int, default_grpc_port: int = 0
+    ) -> PodTarget:
         metadata = pod.get("metadata") or {}
         status = pod.get("status") or {}
         return cls(
@@ -81,6 +90,7 @@ class PodTarget:
             pod_ip=status.get("podIP", "") or "",
             serve_port=serve_port(pod, default_port),
             finished=status.get("phase") in FINISHED_PHASES,
+            grpc_port=named_port(pod, SERVE_GRPC_PORT_NAME, default_grpc_port),
         )
 
     @property
@@ -94,6 +104,10 @@ class PodTarget:
     @property
     def url(self) -> str:
         return healthz_url(self.pod_ip, self.serve_port)
+
+    @property
+    def grpc_address(self) -> str | None:
+        return grpc_address(self.pod_ip, self.grpc_port) if self.grpc_port else None
 
     @property
     def ref(self) -> pb.PodRef:
@@ -147,7 +161,11 @@ class NodeAgent:
             namespaces=settings.namespace,
             label_selector=settings.pod_selector,
             field_selector=f"spec.nodeName={node_name}",
-            parse=functools.partial(PodTarget.from_pod, default_port=settings.proxy_port),
+            parse=functools.partial(
+                PodTarget.from_pod,
+                default_port=settings.proxy_port,
+                default_grpc_port=settings.grpc_proxy_port,
+            ),
             upsert=self._seen,
             delete=self._gone,
         )
@@ -198,11 +216,13 @@ class NodeAgent:
             rng=self.rng,
             name=f"pod {target} ({target.url})",
             grid_phase=self._grid_phase,
+            grpc_address=target.grpc_address,
             watchdog=self.watchdog,
         )
         task = self._group.create_task(probe.run(), name=f"probe {target}")
         self._probing[target.key] = _Probing(target, task)
-        log.info("pod %s: probing %s", target, target.url)
+        grpc = f" and gRPC {target.grpc_address}" if target.grpc_address else ""
+        log.info("pod %s: probing %s%s", target, target.url, grpc)
 
     def _stop(self, key: PodKey) -> None:
         probing = self._probing.pop(key)

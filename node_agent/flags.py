@@ -11,6 +11,7 @@ from node_agent.token import DEFAULT_TOKEN_FILE
 from servehealth_common import flags as shared
 from servehealth_common.config import setting
 from servehealth_common.http import InvalidURL, parse_url
+from servehealth_common.kube.pods import grpc_address
 from servehealth_common.tls import check_pair, check_readable
 
 MODES = ("sidecar", "daemonset")
@@ -92,6 +93,13 @@ class AgentFlags:
         "http://127.0.0.1:8000/-/healthz",
         "The Serve proxy's health URL; /-/routes on the same host confirms a healthy answer.",
     )
+    grpc_proxy_port: int = setting(
+        0,
+        "Port of the Serve gRPC proxy (gRPC ingress: Serve's grpc_options.port, 9000 by "
+        "default) on the host of --proxy-url. The agent then also calls its Healthz, and the "
+        "pod is SERVING only when both proxies serve. DaemonSet mode: for pods with no "
+        "container port named 'serve-grpc'. 0: no gRPC ingress.",
+    )
     interval: float = setting(
         0.75,
         "How often each proxy is probed: at least one probe starts every interval (start to "
@@ -167,6 +175,10 @@ class AgentFlags:
         if self.connect_timeout <= 0 or self.reconnect_max <= 0:
             raise ValueError("--connect-timeout and --reconnect-max must be positive")
         shared.check_shared(kube_timeout=self.kube_timeout, proxy_port=self.proxy_port)
+        if not 0 <= self.grpc_proxy_port <= 65535:
+            raise ValueError(
+                f"--grpc-proxy-port must be a port 1-65535, or 0 for none: {self.grpc_proxy_port}"
+            )
         if self.probe_concurrency < 1:
             raise ValueError("--probe-concurrency must be at least 1")
         if self.confirm_delay < 0:
@@ -186,6 +198,14 @@ class AgentFlags:
             return 0.0
         longest_turn = self.interval + 2 * self.probe_timeout + self.confirm_delay
         return max(self.stall_timeout, longest_turn + 1.0)
+
+    @property
+    def grpc_proxy_address(self) -> str | None:
+        """``host:port`` of the sidecar's gRPC proxy (the host of --proxy-url), or None."""
+        if not self.grpc_proxy_port:
+            return None
+        host = urlsplit(self.proxy_url).hostname or ""
+        return grpc_address(host, self.grpc_proxy_port)
 
     @property
     def aggregators(self) -> tuple[str, ...]:

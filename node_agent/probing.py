@@ -25,8 +25,9 @@ def next_tick(after: float, phase: float, interval: float) -> float:
 
 
 class PodProbe:
-    """Probes the proxy at ``url`` and keeps the latest result: at least one probe starts
-    every ``interval``.
+    """Probes the proxy at ``url`` (and the gRPC proxy at ``grpc_address``, if any: the pod is
+    SERVING when both are) and keeps the latest result: at least one probe starts every
+    ``interval``.
 
     Probes are scheduled start to start: the next one starts a period after the previous one
     started, the period jittered only downward (90-100 % of ``interval``, so that thousands of
@@ -56,11 +57,13 @@ class PodProbe:
         rng: random.Random,
         name: str,
         grid_phase: float | None = None,
+        grpc_address: str | None = None,
         watchdog: Watchdog | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.url = url
+        self.grpc_address = grpc_address
         self.name = name
         self.latest: ProbeResult | None = None
         self._prober = prober
@@ -76,7 +79,9 @@ class PodProbe:
     async def probe_once(self) -> ProbeResult:
         """One probe (confirmed if it fails anew); does not update :attr:`latest`."""
         previous = self.latest.state if self.latest is not None else None
-        return await self._prober.probe_confirmed(self.url, previous, self._confirm_delay)
+        return await self._prober.probe_confirmed(
+            self.url, previous, self._confirm_delay, self.grpc_address
+        )
 
     async def run(self) -> None:
         watchdog = self._watchdog

@@ -34,6 +34,32 @@ address answered, for the proxy, that it cannot serve. That is a pod answering f
 a blind aggregator would not see fleet-wide, so it does not count toward PANIC (only UNHEALTHY
 and SILENT do); the README's state table says why, next to the same rows.
 
+HAProxy mode (Ray >= 2.56, ``RAY_SERVE_ENABLE_HA_PROXY=1``): HAProxy answers ``/-/healthz``
+itself, with Ray's own bodies (``success``, the drain and not-populated messages) and one of its
+own: 503 ``Service Unavailable`` when no backend has a server up. That is an ordinary 503, so
+NOT_READY, with a reason that says what it means (:data:`HAPROXY_NO_BACKEND`).
+
+gRPC ingress (``/ray.serve.RayServeAPIService/Healthz``, :func:`classify_grpc_healthz`):
+
+================================================  ==========
+status and message                                state
+================================================  ==========
+OK, message ``success`` or none (HAProxy)         SERVING
+UNAVAILABLE ``This node is being drained.``       DRAINING
+UNAVAILABLE, Ray's not-populated or no-replicas   NOT_READY
+message, or HAProxy's ``Service Unavailable``
+any other status or message                       UNHEALTHY
+connection refused                                NO_PROXY
+timeout, other transport error                    UNHEALTHY
+================================================  ==========
+
+Ray's proxy answers UNAVAILABLE with the same messages as its HTTP 503s; HAProxy answers HTTP
+200 with ``grpc-status: 14`` (UNAVAILABLE) and ``Service Unavailable``, or its drain message,
+and ``grpc-status: 0`` with no message when healthy. Unlike an HTTP 503, which only a server
+sends, an UNAVAILABLE with other words is also what the gRPC library itself reports for a broken
+connection: UNHEALTHY, as any transport failure. A pod with both ingresses is SERVING only
+when both are (:func:`worse_of`).
+
 The reason is the whole body, stripped and cut to REASON_MAX_BYTES; it may hold line breaks
 and other control characters, which the log formatters escape (``servehealth_common.logs``).
 """
@@ -47,6 +73,12 @@ from servehealth_common.states import ServeState
 
 HEALTHY_BODY = "success"
 DRAINING_BODY = "This node is being drained."
+#: HAProxy's own answer (Ray's HAProxy mode) when no backend has a server up.
+HAPROXY_NO_BACKEND = "Service Unavailable"
+#: What Ray's proxy says when it has no route table or no replica yet.
+NOT_READY_BODIES = frozenset(
+    {"Route table is not populated yet.", "No replicas are available yet.", HAPROXY_NO_BACKEND}
+)
 REASON_MAX_BYTES = 256
 
 
@@ -71,10 +103,47 @@ def classify_healthz(status: int, body: str) -> Verdict:
     if status == 200 and text == HEALTHY_BODY:
         return Verdict(ServeState.SERVING, HEALTHY_BODY)
     if status == 503:
-        first_line = text.partition("\n")[0].strip()
-        state = ServeState.DRAINING if first_line == DRAINING_BODY else ServeState.NOT_READY
-        return Verdict(state, truncate_reason(text) or "HTTP 503")
+        return _unavailable(text, "HTTP 503")
     return Verdict(ServeState.UNHEALTHY, truncate_reason(f"HTTP {status}: {text}"))
+
+
+def _unavailable(text: str, empty: str) -> Verdict:
+    """A proxy (or HAProxy for it) says it cannot serve: DRAINING by its first line, else
+    NOT_READY."""
+    first_line = text.partition("\n")[0].strip()
+    if first_line == DRAINING_BODY:
+        return Verdict(ServeState.DRAINING, truncate_reason(text))
+    if text == HAPROXY_NO_BACKEND:
+        return Verdict(ServeState.NOT_READY, f"{HAPROXY_NO_BACKEND} (HAProxy: no backend is up).")
+    return Verdict(ServeState.NOT_READY, truncate_reason(text) or empty)
+
+
+def classify_grpc_healthz(code: str, message: str | None) -> Verdict:
+    """Classify a gRPC ``Healthz`` answer: ``code`` the status name (``OK``,
+    ``UNAVAILABLE``...), ``message`` the response's ``message`` when it carried one (OK), else
+    the status details. Transport failures go to :func:`connection_refused`,
+    :func:`timed_out` and :func:`transport_error`."""
+    text = (message or "").strip()
+    if code == "OK":
+        if text in ("", HEALTHY_BODY):
+            return Verdict(ServeState.SERVING, HEALTHY_BODY)
+        return Verdict(ServeState.UNHEALTHY, truncate_reason(f"OK with message: {text}"))
+    first_line = text.partition("\n")[0].strip()
+    if code == "UNAVAILABLE" and (first_line == DRAINING_BODY or first_line in NOT_READY_BODIES):
+        return _unavailable(text, "UNAVAILABLE")
+    return Verdict(ServeState.UNHEALTHY, truncate_reason(f"{code}: {text}"))
+
+
+def worse_of(http: Verdict, grpc: Verdict, grpc_name: str) -> Verdict:
+    """The state of a pod with both ingresses: SERVING when both are, else the worse state
+    (ServeState's order: NOT_READY < DRAINING < NO_PROXY < UNHEALTHY), the reason naming each
+    ingress that is not serving (``grpc_name`` says which gRPC proxy)."""
+    if http.state is ServeState.SERVING and grpc.state is ServeState.SERVING:
+        return http
+    parts = [f"HTTP proxy: {http.reason}"] if http.state is not ServeState.SERVING else []
+    if grpc.state is not ServeState.SERVING:
+        parts.append(f"{grpc_name}: {grpc.reason}")
+    return Verdict(max(http.state, grpc.state), truncate_reason(" | ".join(parts)))
 
 
 def classify_routes(status: int, body: str) -> Verdict:

@@ -1,8 +1,11 @@
-"""Probe a Ray Serve HTTP proxy over HTTP (an adapter of :mod:`http` around :mod:`classify`).
+"""Probe a Ray Serve proxy over HTTP (an adapter of :mod:`http` around :mod:`classify`), and
+its gRPC proxy too where the pod has gRPC ingress (:mod:`grpc_healthz`).
 
-Used by the node agent for its own pods and, as the pull fallback, by the aggregator. A failure
-that would change the state is confirmed by a second probe (:meth:`Prober.probe_confirmed`);
-a hung proxy costs one probe timeout (a hedged second probe, unanswered too, confirms it).
+Used by the node agent for its own pods and, as the pull fallback, by the aggregator (HTTP
+only). A failure that would change the state is confirmed by a second probe
+(:meth:`Prober.probe_confirmed`); a hung proxy costs one probe timeout (a hedged second probe,
+unanswered too, confirms it). With a gRPC address, one probe asks both proxies at once, within
+the same timeout, and the pod's state is the worse of the two (:func:`classify.worse_of`).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from servehealth_common import classify
+from servehealth_common.grpc_healthz import GrpcHealthz
 from servehealth_common.http import MAX_BODY_BYTES, HTTPClient, HTTPClientError
 from servehealth_common.states import ServeState
 
@@ -78,7 +82,8 @@ class Prober:
 
     With ``concurrency``, at most that many probes are in flight; a probe waiting for its turn
     has not started yet (its timeout and latency begin when it does). ``loop_lag_tolerance``:
-    see :meth:`probe_confirmed`.
+    see :meth:`probe_confirmed`. ``grpc``: the client of gRPC ``Healthz`` calls, for probes
+    given a ``grpc_address``.
     """
 
     def __init__(
@@ -89,26 +94,48 @@ class Prober:
         *,
         concurrency: int = 0,
         loop_lag_tolerance: float = LOOP_LAG_TOLERANCE,
+        grpc: GrpcHealthz | None = None,
     ) -> None:
         self._session = session
+        self._grpc = grpc
         self._timeout = timeout
         self._clock = clock
         self._slots = asyncio.Semaphore(concurrency) if concurrency > 0 else None
         self._loop_lag_tolerance = loop_lag_tolerance
 
-    async def probe(self, healthz_url: str) -> ProbeResult:
-        return await self._probe_in_turn(healthz_url, _Attempt())
+    async def probe(self, healthz_url: str, grpc_address: str | None = None) -> ProbeResult:
+        return await self._probe_in_turn(healthz_url, grpc_address, _Attempt())
 
-    async def _probe_in_turn(self, healthz_url: str, attempt: _Attempt) -> ProbeResult:
+    async def _probe_in_turn(
+        self, healthz_url: str, grpc_address: str | None, attempt: _Attempt
+    ) -> ProbeResult:
         if self._slots is None:
-            return await self._probe(healthz_url, attempt)
+            return await self._probe(healthz_url, grpc_address, attempt)
         async with self._slots:
-            return await self._probe(healthz_url, attempt)
+            return await self._probe(healthz_url, grpc_address, attempt)
 
-    async def _probe(self, healthz_url: str, attempt: _Attempt) -> ProbeResult:
+    async def _probe(
+        self, healthz_url: str, grpc_address: str | None, attempt: _Attempt
+    ) -> ProbeResult:
         started = attempt.started_at = self._clock()
+        if grpc_address is None:
+            verdict, status, timed_out = await self._probe_http(healthz_url)
+        else:
+            (http, status, http_timed_out), (grpc, grpc_timed_out) = await asyncio.gather(
+                self._probe_http(healthz_url), self._probe_grpc(grpc_address)
+            )
+            verdict = classify.worse_of(http, grpc, f"gRPC proxy {grpc_address}")
+            # The hang test of probe_confirmed looks at the timeout of the half that decided.
+            timed_out = http_timed_out if verdict.state is http.state else grpc_timed_out
+        ended = attempt.ended_at = self._clock()
+        if timed_out:
+            attempt.timeout_seen_late_by = ended - (started + self._timeout)
+        return ProbeResult(verdict.state, verdict.reason, status, ended - started)
+
+    async def _probe_http(self, healthz_url: str) -> tuple[classify.Verdict, int, bool]:
+        """The HTTP proxy's verdict, the HTTP status that decided it (0: none), and whether
+        the probe timed out."""
         status = 0
-        timed_out = False
         try:
             async with asyncio.timeout(self._timeout):
                 status, body = await self._get(healthz_url)
@@ -120,19 +147,30 @@ class Prober:
                     if routes_status != 200:
                         status = routes_status
         except TimeoutError:  # before OSError, of which it is a subclass
-            verdict = classify.timed_out(self._timeout)
-            timed_out = True
+            return classify.timed_out(self._timeout), status, True
         except ConnectionRefusedError:
             verdict = classify.connection_refused()
         except (OSError, HTTPClientError) as error:
             verdict = classify.transport_error(error)
-        ended = attempt.ended_at = self._clock()
-        if timed_out:
-            attempt.timeout_seen_late_by = ended - (started + self._timeout)
-        return ProbeResult(verdict.state, verdict.reason, status, ended - started)
+        return verdict, status, False
+
+    async def _probe_grpc(self, address: str) -> tuple[classify.Verdict, bool]:
+        """The gRPC proxy's verdict, and whether the call timed out."""
+        if self._grpc is None:
+            raise RuntimeError("a gRPC address was given to a Prober without a GrpcHealthz")
+        try:
+            async with asyncio.timeout(self._timeout):
+                answer = await self._grpc.check(address)
+        except TimeoutError:
+            return classify.timed_out(self._timeout), True
+        return answer.verdict, answer.timed_out
 
     async def probe_confirmed(
-        self, healthz_url: str, previous: ServeState | None, confirm_delay: float
+        self,
+        healthz_url: str,
+        previous: ServeState | None,
+        confirm_delay: float,
+        grpc_address: str | None = None,
     ) -> ProbeResult:
         """One probe; a failure that would change ``previous`` is confirmed by a second one.
 
@@ -153,23 +191,26 @@ class Prober:
         So a hung proxy costs one probe timeout, not a timeout plus the delay (nor two).
         """
         first_attempt = _Attempt()
-        first = asyncio.ensure_future(self._probe_in_turn(healthz_url, first_attempt))
+        first = asyncio.ensure_future(self._probe_in_turn(healthz_url, grpc_address, first_attempt))
         try:
             done, _ = await asyncio.wait((first,), timeout=confirm_delay)
         except BaseException:  # cancelled: no probe of this call outlives it
             await _cancel(first)
             raise
         if not done:
-            return await self._hedged(healthz_url, previous, confirm_delay, first, first_attempt)
+            return await self._hedged(
+                healthz_url, grpc_address, previous, confirm_delay, first, first_attempt
+            )
         result = first.result()
         if result.serving or result.state is previous:
             return result
         await asyncio.sleep(confirm_delay)
-        return await self.probe(healthz_url)
+        return await self.probe(healthz_url, grpc_address)
 
     async def _hedged(
         self,
         healthz_url: str,
+        grpc_address: str | None,
         previous: ServeState | None,
         confirm_delay: float,
         first: asyncio.Future[ProbeResult],
@@ -177,7 +218,7 @@ class Prober:
     ) -> ProbeResult:
         """The rest of :meth:`probe_confirmed` once ``first`` outlived the confirm delay."""
         hedge_attempt = _Attempt()
-        hedge = asyncio.ensure_future(self._probe_in_turn(healthz_url, hedge_attempt))
+        hedge = asyncio.ensure_future(self._probe_in_turn(healthz_url, grpc_address, hedge_attempt))
         try:
             result = await first
         except BaseException:

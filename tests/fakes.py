@@ -10,6 +10,7 @@ import asyncio
 import json
 import socket
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiohttp import web
 
@@ -104,3 +105,76 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
+
+
+#: What a fake gRPC proxy answers ``Healthz``: a status name and the message (OK: the
+#: response's ``message``, ``None`` for none at all, as HAProxy answers; otherwise the details).
+GrpcAnswer = tuple[str, str | None]
+
+GRPC_HEALTHY: GrpcAnswer = ("OK", "success")
+GRPC_HAPROXY_HEALTHY: GrpcAnswer = ("OK", None)
+GRPC_NOT_POPULATED: GrpcAnswer = ("UNAVAILABLE", NOT_POPULATED[1])
+GRPC_DRAINING: GrpcAnswer = ("UNAVAILABLE", DRAINING[1])
+GRPC_HAPROXY_NO_BACKEND: GrpcAnswer = ("UNAVAILABLE", "Service Unavailable")
+
+
+@dataclass
+class FakeGrpcServeProxy:
+    """A real ``grpc.aio`` server on a loopback port answering Ray Serve's
+    ``/ray.serve.RayServeAPIService/Healthz`` with ``answer``; ``hang`` makes calls wait until
+    the next :meth:`set`; ``raw`` (bytes), if set, is sent as the OK response instead."""
+
+    answer: GrpcAnswer = GRPC_HEALTHY
+    hang: bool = False
+    raw: bytes | None = None
+    port: int = 0
+    calls: int = 0
+    _server: Any = field(default=None, repr=False)
+    _release: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+    _called: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    async def called(self) -> None:
+        """Return once a call has arrived (since the start)."""
+        await self._called.wait()
+
+    def set(self, answer: GrpcAnswer, *, hang: bool = False) -> None:
+        self.answer, self.hang, self.raw = answer, hang, None
+        self._release.set()
+        self._release = asyncio.Event()
+
+    async def start(self) -> FakeGrpcServeProxy:
+        import grpc
+        from google.protobuf import wrappers_pb2
+
+        async def healthz(_: bytes, context: grpc.aio.ServicerContext) -> bytes:
+            self.calls += 1
+            self._called.set()
+            if self.hang:
+                await self._release.wait()
+            if self.raw is not None:
+                return self.raw
+            code, message = self.answer
+            if code != "OK":
+                await context.abort(grpc.StatusCode[code], message or "")
+            if message is None:  # HAProxy's trailers-only OK: no message at all
+                return b""
+            return wrappers_pb2.StringValue(value=message).SerializeToString()
+
+        handler = grpc.method_handlers_generic_handler(
+            "ray.serve.RayServeAPIService",
+            {"Healthz": grpc.unary_unary_rpc_method_handler(healthz)},
+        )
+        self._server = grpc.aio.server(handlers=(handler,))
+        self.port = self._server.add_insecure_port("127.0.0.1:0")
+        await self._server.start()
+        return self
+
+    async def stop(self) -> None:
+        self._release.set()
+        if self._server is not None:
+            await self._server.stop(None)
+            self._server = None

@@ -44,13 +44,15 @@ from node_agent.identity import REQUIRED, MissingIdentity, node_name_from_enviro
 from node_agent.stream import MAX_BATCH_REPORTS, Outbox, ReportClient
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
+from servehealth_common.grpc_healthz import GrpcHealthz
 from servehealth_common.http import HTTPClient
 from servehealth_common.kube.client import KubeClient
 from servehealth_common.pod_identity import PodKey
 from servehealth_common.probe import Prober, ProbeResult, make_session
 from servehealth_common.states import ServeState
 from tests.conftest import StartAggregator, eventually, running
-from tests.fakes import FakeServeProxy, refused_port
+from tests.fakes import GRPC_DRAINING as DRAINING_GRPC
+from tests.fakes import FakeGrpcServeProxy, FakeServeProxy, refused_port
 from tests.kube.emulator import ApiCall, KubeEmulator, make_pod
 
 NODE = "node-1"
@@ -112,7 +114,9 @@ def make_node_agent(session: HTTPClient, kubeconfig_path: pathlib.Path) -> Itera
 
 
 #: The DaemonSet agent's log lines of a pod's probe starting (with its URL) and stopping.
-PROBE_STARTED = re.compile(r"pod (?P<namespace>[^/\s]+)/(?P<name>\S+): probing (?P<url>\S+)")
+PROBE_STARTED = re.compile(
+    r"pod (?P<namespace>[^/\s]+)/(?P<name>\S+): probing (?P<url>\S+)(?: and gRPC (?P<grpc>\S+))?"
+)
 PROBE_STOPPED = re.compile(
     r"pod (?P<namespace>[^/\s]+)/(?P<name>\S+): "
     r"(?:no longer probed \(.*\)|gone from node \S+, no longer probed)"
@@ -465,6 +469,58 @@ async def test_namespaces_limit_what_is_listed_and_probed(
         await more_probes(in_team, 3)
         assert in_other.requests == 0
     assert {call.namespace for call in agent_calls(kube_emulator)} == {"ray", "team"}
+
+
+def test_pod_target_grpc_port_from_a_serve_grpc_container_port() -> None:
+    pod = make_pod("ray", "head", node_name=NODE, pod_ip="10.0.0.7", serve_port=8000)
+    assert PodTarget.from_pod(pod, default_port=8000).grpc_address is None
+    assert PodTarget.from_pod(pod, 8000, default_grpc_port=9000).grpc_address == "10.0.0.7:9000"
+    pod["spec"]["containers"][0]["ports"].append({"name": "serve-grpc", "containerPort": 9100})
+    assert PodTarget.from_pod(pod, 8000).grpc_address == "10.0.0.7:9100"
+    assert PodTarget.from_pod(pod, 8000, default_grpc_port=9000).grpc_address == "10.0.0.7:9100"
+    pod["status"]["podIP"] = "fd00::7"
+    assert PodTarget.from_pod(pod, 8000).grpc_address == "[fd00::7]:9100"
+
+
+async def test_a_pod_declaring_serve_grpc_is_serving_only_when_both_proxies_are(
+    kube_emulator: KubeEmulator,
+    kubeconfig_path: pathlib.Path,
+    session: HTTPClient,
+    proxies: StartProxies,
+    probe_log: ProbeLog,
+) -> None:
+    (http_proxy,) = await proxies(1)
+    grpc_proxy = await FakeGrpcServeProxy().start()
+    pod = add_pod(kube_emulator, "pod-g", http_proxy)
+    containers = pod["spec"]["containers"]
+    containers[0]["ports"].append({"name": "serve-grpc", "containerPort": grpc_proxy.port})
+    kube_emulator.modify_pod("default", "pod-g", patch={"spec": {"containers": containers}})
+    settings = AgentFlags(
+        aggregator=f"{LOOPBACK}:{refused_port()}",
+        mode="daemonset",
+        kubeconfig=str(kubeconfig_path),
+        interval=0.1,
+        probe_timeout=0.09,
+        confirm_delay=0.01,
+    )
+    client = make_kube_client(settings)
+    healthz = GrpcHealthz(settings.probe_timeout)
+    agent = NodeAgent(settings, NODE, Prober(session, 0.09, grpc=healthz), client)
+    try:
+        async with running(agent):
+            await eventually(lambda: probe_log.states("default", "pod-g") == ["SERVING"])
+            assert probe_log.probed()[PodKey("default", "pod-g")] == http_proxy.url
+            assert f"and gRPC {grpc_proxy.address}" in "\n".join(probe_log.messages())
+            # Both proxies asked, in the same rounds.
+            await eventually(lambda: grpc_proxy.calls >= 3)
+            grpc_proxy.set(DRAINING_GRPC)
+            await eventually(lambda: probe_log.states("default", "pod-g")[-1] == "DRAINING")
+            await grpc_proxy.stop()  # HTTP still fine: the pod's gRPC ingress is gone
+            await eventually(lambda: probe_log.states("default", "pod-g")[-1] == "NO_PROXY")
+    finally:
+        client.close()
+        await healthz.close()
+        await grpc_proxy.stop()
 
 
 def test_pod_target_from_a_pod() -> None:

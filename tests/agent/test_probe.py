@@ -101,7 +101,15 @@ def prober(session: HTTPClient) -> Prober:
             fakes.ROUTES,
             ServeState.NOT_READY,
             503,
-            "Service Unavailable",
+            "Service Unavailable (HAProxy: no backend is up).",
+            id="503-haproxy-no-backend",
+        ),
+        pytest.param(
+            (503, "upstream connect error"),
+            fakes.ROUTES,
+            ServeState.NOT_READY,
+            503,
+            "upstream connect error",
             id="503-other",
         ),
         pytest.param(

@@ -223,3 +223,31 @@ def test_a_bad_proxy_url_exits_2(url: str) -> None:
     completed = run_agent("--aggregator", "127.0.0.1:1", "--proxy-url", url)
     assert completed.returncode == 2, completed.stderr
     assert "--proxy-url" in completed.stderr
+
+
+@pytest.mark.parametrize(
+    ("url", "port", "address"),
+    [
+        ("http://127.0.0.1:8000/-/healthz", 9000, "127.0.0.1:9000"),
+        ("http://[::1]:8000/-/healthz", 9000, "[::1]:9000"),
+        ("http://localhost:8000/-/healthz", 9100, "localhost:9100"),
+        ("http://127.0.0.1:8000/-/healthz", 0, None),
+    ],
+)
+def test_the_grpc_proxy_is_on_the_host_of_the_proxy_url(
+    url: str, port: int, address: str | None
+) -> None:
+    settings = AgentFlags(aggregator="agg:1", proxy_url=url, grpc_proxy_port=port)
+    assert settings.grpc_proxy_address == address
+
+
+@pytest.mark.parametrize("port", [-1, 65536])
+def test_a_bad_grpc_proxy_port_is_refused(port: int) -> None:
+    with pytest.raises(ValueError, match="--grpc-proxy-port"):
+        AgentFlags(aggregator="agg:1", grpc_proxy_port=port)
+
+
+def test_a_bad_grpc_proxy_port_exits_2() -> None:
+    completed = run_agent("--aggregator", "127.0.0.1:1", "--grpc-proxy-port", "70000")
+    assert completed.returncode == 2, completed.stderr
+    assert "--grpc-proxy-port" in completed.stderr

@@ -86,8 +86,8 @@ FORGED = "\n2026-12-01 10:00:00,000 INFO node_agent: FORGED LINE \x1b[31m"
         pytest.param(
             503,
             "Service Unavailable",
-            Verdict(ServeState.NOT_READY, "Service Unavailable"),
-            id="503-other",
+            Verdict(ServeState.NOT_READY, "Service Unavailable (HAProxy: no backend is up)."),
+            id="503-haproxy-no-backend",
         ),
         pytest.param(503, "", Verdict(ServeState.NOT_READY, "HTTP 503"), id="503-empty-body"),
         pytest.param(503, "  \n", Verdict(ServeState.NOT_READY, "HTTP 503"), id="503-blank-body"),
@@ -258,8 +258,13 @@ README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
             id="not-ready",
         ),
         pytest.param(
+            "| 503 `Service Unavailable` (HAProxy mode: no backend is up) | `NOT_READY` |",
+            [(503, "Service Unavailable"), (503, " Service Unavailable\n")],
+            id="haproxy-no-backend",
+        ),
+        pytest.param(
             "| 503 with any other body, or none | `NOT_READY` |",
-            [(503, "Service Unavailable"), (503, "<html>upstream error</html>"), (503, "")],
+            [(503, "Service Unavailabl"), (503, "<html>upstream error</html>"), (503, "")],
             id="other-503",
         ),
         pytest.param(
@@ -276,3 +281,85 @@ def test_the_readme_state_table_says_what_classify_does(
     state = row.rsplit("`", 2)[-2]
     for status, body in answers:
         assert classify_healthz(status, body).state.name == state, (status, body)
+
+
+GRPC_README_ROWS = [
+    (
+        "| OK, message `success` (Ray), or none (HAProxy mode) | `SERVING` |",
+        [("OK", "success"), ("OK", None), ("OK", ""), ("OK", " success\n")],
+    ),
+    (
+        "| UNAVAILABLE `This node is being drained.` | `DRAINING` |",
+        [("UNAVAILABLE", DRAINING), ("UNAVAILABLE", DRAINING + "\nmore")],
+    ),
+    (
+        "| UNAVAILABLE `Route table is not populated yet.` / `No replicas are available yet.` / "
+        "`Service Unavailable` (HAProxy mode) | `NOT_READY` |",
+        [
+            ("UNAVAILABLE", NOT_POPULATED),
+            ("UNAVAILABLE", NO_REPLICAS),
+            ("UNAVAILABLE", "Service Unavailable"),
+        ],
+    ),
+    (
+        "| any other status or message, or OK with another message | `UNHEALTHY` |",
+        [
+            ("OK", "Success"),
+            ("UNAVAILABLE", "Socket closed"),
+            ("UNAVAILABLE", ""),
+            ("UNAVAILABLE", None),
+            ("INTERNAL", DRAINING),
+            ("NOT_FOUND", "Application metadata not set."),
+            ("UNIMPLEMENTED", ""),
+        ],
+    ),
+]
+
+
+@pytest.mark.parametrize(("row", "answers"), GRPC_README_ROWS)
+def test_the_readme_grpc_table_says_what_classify_does(
+    row: str, answers: list[tuple[str, str | None]]
+) -> None:
+    assert row in README
+    state = row.rsplit("`", 2)[-2]
+    for code, message in answers:
+        assert classify.classify_grpc_healthz(code, message).state.name == state, (code, message)
+
+
+def test_the_readme_grpc_transport_rows() -> None:
+    assert "| connection refused | `NO_PROXY` |" in README
+    assert "| timeout or another transport error | `UNHEALTHY` |" in README
+
+
+SERVING = Verdict(ServeState.SERVING, "success")
+
+
+@pytest.mark.parametrize(
+    ("http", "grpc", "expected"),
+    [
+        (SERVING, SERVING, SERVING),
+        (
+            SERVING,
+            Verdict(ServeState.NOT_READY, "x"),
+            Verdict(ServeState.NOT_READY, "gRPC proxy h:9000: x"),
+        ),
+        (
+            Verdict(ServeState.UNHEALTHY, "hang"),
+            SERVING,
+            Verdict(ServeState.UNHEALTHY, "HTTP proxy: hang"),
+        ),
+        (
+            Verdict(ServeState.NO_PROXY, "refused"),
+            Verdict(ServeState.DRAINING, "drain"),
+            Verdict(ServeState.NO_PROXY, "HTTP proxy: refused | gRPC proxy h:9000: drain"),
+        ),
+    ],
+)
+def test_worse_of_two_proxies(http: Verdict, grpc: Verdict, expected: Verdict) -> None:
+    assert classify.worse_of(http, grpc, "gRPC proxy h:9000") == expected
+
+
+def test_worse_of_keeps_the_reason_within_the_limit() -> None:
+    long = Verdict(ServeState.NOT_READY, "x" * REASON_MAX_BYTES)
+    combined = classify.worse_of(long, long, "gRPC proxy h:9000")
+    assert len(combined.reason.encode()) <= REASON_MAX_BYTES
