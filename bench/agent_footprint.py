@@ -1,10 +1,12 @@
 """Agent footprint: one real agent process probing a real HTTP server at a 1 s interval,
 reporting to a real aggregator, for ``--duration`` seconds (default 600). Prints its CPU use
 (share of one core) and RSS, sampled every 10 s; writes bench/results/agent_footprint.json.
+With ``--grpc``, the agent also probes a real gRPC server answering Serve's ``Healthz``
+(``--grpc-proxy-port``: gRPC ingress); the results then go to agent_footprint_grpc.json.
 
-Targets (issue 5): RSS <= 50 MiB, CPU <= 1 %.
+Targets (issues 5 and 15): RSS <= 50 MiB, CPU <= 1 %, with gRPC ingress too.
 
-    python -m bench.agent_footprint [--duration 600]
+    python -m bench.agent_footprint [--duration 600] [--grpc]
 """
 
 from __future__ import annotations
@@ -23,19 +25,20 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import harness, procstat
-from tests.fakes import FakeServeProxy
+from tests.fakes import FakeGrpcServeProxy, FakeServeProxy
 
 OUTPUT = harness.REPO_ROOT / "bench" / "results" / "agent_footprint.json"
 
 
-def serve_fake_proxy() -> int:
-    """A FakeServeProxy (real aiohttp HTTP server) in a thread of its own; returns its port."""
+def serve_fake_proxy(grpc: bool = False) -> int:
+    """A FakeServeProxy (real aiohttp HTTP server), or with ``grpc`` a FakeGrpcServeProxy (real
+    grpc.aio server), in a thread of its own; returns its port."""
     ready: list[int] = []
     started = threading.Event()
 
     def run() -> None:
         async def main() -> None:
-            proxy = await FakeServeProxy().start()
+            proxy = await (FakeGrpcServeProxy() if grpc else FakeServeProxy()).start()
             ready.append(proxy.port)
             started.set()
             await asyncio.Event().wait()
@@ -50,13 +53,18 @@ def serve_fake_proxy() -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=float, default=600.0, help="seconds (default 600)")
+    parser.add_argument("--grpc", action="store_true", help="probe a gRPC proxy too")
     args = parser.parse_args()
     proxy_port = serve_fake_proxy()
+    extra_args = ("--grpc-proxy-port", str(serve_fake_proxy(grpc=True))) if args.grpc else ()
+    output = OUTPUT.with_name("agent_footprint_grpc.json") if args.grpc else OUTPUT
     log_dir = Path(tempfile.mkdtemp(prefix="serve-health-footprint-"))
     aggregator = harness.start_aggregator(log_dir)
     agent = None
     try:
-        agent = harness.start_agent(log_dir, aggregator.address, proxy_port, harness.PodIdentity())
+        agent = harness.start_agent(
+            log_dir, aggregator.address, proxy_port, harness.PodIdentity(), extra_args=extra_args
+        )
         time.sleep(5)  # past start-up (imports, first connection)
         window = procstat.CpuWindow(agent.pid)
         window.start()
@@ -70,6 +78,7 @@ def main() -> int:
         rss = [rss for _, rss in samples]
         result = {
             "duration_s": args.duration,
+            "grpc_ingress": args.grpc,
             "interval": harness.AGENT_INTERVAL,
             "cpu_percent_of_one_core": round(cpu * 100, 3),
             "rss_mib_max": round(max(rss) / 2**20, 1),
@@ -81,8 +90,8 @@ def main() -> int:
             f"agent: CPU {result['cpu_percent_of_one_core']:.2f} % of one core (target <= 1 %), "
             f"RSS max {result['rss_mib_max']} MiB (target <= 50 MiB)"
         )
-        OUTPUT.parent.mkdir(parents=True, exist_ok=True)
-        OUTPUT.write_text(json.dumps(result, indent=2) + "\n")
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(json.dumps(result, indent=2) + "\n")
         return 0
     finally:
         if agent is not None:
