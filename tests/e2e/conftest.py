@@ -9,12 +9,14 @@ the gRPC-only tests run without Ray.
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from bench import harness
+from bench import harness, ray_haproxy
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth_common.states import ServeState
 
@@ -119,3 +121,35 @@ def ray_serve(serve_port: int, serve_grpc_port: int, ray_dashboard_port: int) ->
         yield serve_port
     finally:
         harness.stop_ray()
+
+
+@pytest.fixture(scope="session")
+def haproxy_binary() -> str:
+    """Debian's haproxy (``scripts/bootstrap.sh`` installs it as root); skips without one."""
+    binary = ray_haproxy.haproxy_binary()
+    if binary is None:
+        pytest.skip(
+            "haproxy is not installed: scripts/bootstrap.sh installs Debian's package "
+            "(apt-get install haproxy) when run as root"
+        )
+    return binary
+
+
+@pytest.fixture(scope="session")
+def serve_haproxy(haproxy_binary: str, e2e_log_dir: Path) -> Iterator[ray_haproxy.RayHAProxy]:
+    """Ray Serve in HAProxy mode (``bench/ray_haproxy.py``) with Debian's haproxy, HTTP only,
+    in a subprocess with its own Ray cluster, so the session's Ray (``ray_serve``, in this
+    process) is not disturbed. Stopped at the end of the session, its Ray processes and any
+    haproxy it left included, whatever the tests did."""
+    # Short: Ray's unix sockets live under it (pytest's tmp paths can be too long for them).
+    temp_dir = Path(tempfile.mkdtemp(prefix="rh-"))
+    try:
+        process = ray_haproxy.RayHAProxy.start(
+            temp_dir, haproxy_binary, log_path=e2e_log_dir / "ray_haproxy.log"
+        )
+        try:
+            yield process
+        finally:
+            process.stop()
+    finally:
+        shutil.rmtree(temp_dir, ignore_errors=True)
