@@ -37,7 +37,11 @@ and SILENT do); the README's state table says why, next to the same rows.
 HAProxy mode (Ray >= 2.56, ``RAY_SERVE_ENABLE_HA_PROXY=1``): HAProxy answers ``/-/healthz``
 itself, with Ray's own bodies (``success``, the drain and not-populated messages) and one of its
 own: 503 ``Service Unavailable`` when no backend has a server up. That is an ordinary 503, so
-NOT_READY, with a reason that says what it means (:data:`HAPROXY_NO_BACKEND`).
+NOT_READY, with a reason that says what it means (:data:`HAPROXY_NO_BACKEND`). On a worker
+whose last application was deleted, Ray renders no health rule at all: the request falls to
+HAProxy's default backend, a 404 ``Path '/-/healthz' not found. ...`` (on gRPC, NOT_FOUND
+``Application metadata not set. ...``). Both are NOT_READY: the node has no application, as
+the ``/-/routes`` beside them (``{}``) says.
 
 gRPC ingress (``/ray.serve.RayServeAPIService/Healthz``, :func:`classify_grpc_healthz`):
 
@@ -48,6 +52,8 @@ OK, message ``success`` or none (HAProxy)         SERVING
 UNAVAILABLE ``This node is being drained.``       DRAINING
 UNAVAILABLE, Ray's not-populated or no-replicas   NOT_READY
 message, or HAProxy's ``Service Unavailable``
+NOT_FOUND ``Application metadata not set. ...``    NOT_READY
+(HAProxy, a node with no gRPC application)
 any other status or message                       UNHEALTHY
 connection refused                                NO_PROXY
 timeout, other transport error                    UNHEALTHY
@@ -75,6 +81,10 @@ HEALTHY_BODY = "success"
 DRAINING_BODY = "This node is being drained."
 #: HAProxy's own answer (Ray's HAProxy mode) when no backend has a server up.
 HAPROXY_NO_BACKEND = "Service Unavailable"
+#: HAProxy's default backend (Ray's HAProxy mode, a node with no application): the start of
+#: its 404 to ``/-/healthz``, and of its NOT_FOUND to gRPC ``Healthz``.
+HAPROXY_NO_HEALTHZ_RULE = "Path '/-/healthz' not found."
+HAPROXY_NO_GRPC_BACKEND = "Application metadata not set."
 #: What Ray's proxy says when it has no route table or no replica yet.
 NOT_READY_BODIES = frozenset(
     {"Route table is not populated yet.", "No replicas are available yet.", HAPROXY_NO_BACKEND}
@@ -104,7 +114,15 @@ def classify_healthz(status: int, body: str) -> Verdict:
         return Verdict(ServeState.SERVING, HEALTHY_BODY)
     if status == 503:
         return _unavailable(text, "HTTP 503")
+    if status == 404 and text.startswith(HAPROXY_NO_HEALTHZ_RULE):
+        return _no_application(text)
     return Verdict(ServeState.UNHEALTHY, truncate_reason(f"HTTP {status}: {text}"))
+
+
+def _no_application(text: str) -> Verdict:
+    return Verdict(
+        ServeState.NOT_READY, truncate_reason(f"HAProxy: no application on this node: {text}")
+    )
 
 
 def _unavailable(text: str, empty: str) -> Verdict:
@@ -131,6 +149,8 @@ def classify_grpc_healthz(code: str, message: str | None) -> Verdict:
     first_line = text.partition("\n")[0].strip()
     if code == "UNAVAILABLE" and (first_line == DRAINING_BODY or first_line in NOT_READY_BODIES):
         return _unavailable(text, "UNAVAILABLE")
+    if code == "NOT_FOUND" and text.startswith(HAPROXY_NO_GRPC_BACKEND):
+        return _no_application(text)
     return Verdict(ServeState.UNHEALTHY, truncate_reason(f"{code}: {text}"))
 
 

@@ -11,7 +11,6 @@ where one is installed (``scripts/bootstrap.sh`` installs Debian's as root).
 from __future__ import annotations
 
 import asyncio
-import shutil
 import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -20,6 +19,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from bench import ray_haproxy
 from servehealth_common import classify
 from servehealth_common.grpc_healthz import GrpcHealthz
 from servehealth_common.http import HTTPClient
@@ -317,9 +317,7 @@ hdr grpc-message "This node is being drained." if {{ path /ray.serve.RayServeAPI
 def haproxy(tmp_path: Path) -> Iterator[dict[str, int]]:
     """A real HAProxy answering ``Healthz`` as the rules of Ray's HAProxy mode do
     (``HAPROXY_GRPC_HEALTHZ_RULES_TEMPLATE``): healthy, no backend up, draining."""
-    binary = shutil.which("haproxy") or (
-        "/usr/sbin/haproxy" if Path("/usr/sbin/haproxy").exists() else None
-    )
+    binary = ray_haproxy.haproxy_binary()
     if binary is None:
         pytest.skip("haproxy is not installed (scripts/bootstrap.sh installs it as root)")
     ports = {name: fakes.free_port() for name in ("healthy", "no_backend", "draining")}

@@ -268,6 +268,17 @@ README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
             id="other-503",
         ),
         pytest.param(
+            "| 404 `Path '/-/healthz' not found. ...` (HAProxy mode: a worker with no application "
+            "left) | `NOT_READY` |",
+            [
+                (
+                    404,
+                    "Path '/-/healthz' not found. Ping http://.../-/routes for available routes.",
+                )
+            ],
+            id="haproxy-no-healthz-rule",
+        ),
+        pytest.param(
             "| any other status, or 200 with any body but `success` | `UNHEALTHY` |",
             [(500, "success"), (502, DRAINING), (504, ""), (404, ""), (301, ""), (200, "ok")],
             id="other-status",
@@ -302,6 +313,17 @@ GRPC_README_ROWS = [
         ],
     ),
     (
+        "| NOT_FOUND `Application metadata not set. ...` (HAProxy mode: a worker with no gRPC "
+        "application) | `NOT_READY` |",
+        [
+            (
+                "NOT_FOUND",
+                "Application metadata not set. Ping "
+                "/ray.serve.RayServeAPIService/ListApplications for available applications.",
+            )
+        ],
+    ),
+    (
         "| any other status or message, or OK with another message | `UNHEALTHY` |",
         [
             ("OK", "Success"),
@@ -309,7 +331,7 @@ GRPC_README_ROWS = [
             ("UNAVAILABLE", ""),
             ("UNAVAILABLE", None),
             ("INTERNAL", DRAINING),
-            ("NOT_FOUND", "Application metadata not set."),
+            ("NOT_FOUND", "Application 'x' not found."),
             ("UNIMPLEMENTED", ""),
         ],
     ),

@@ -190,12 +190,6 @@ def test_routes_of_a_node_with_an_application() -> None:
     assert classify.classify_routes(routes.status, body).state is ServeState.SERVING
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="classify: a worker's HAProxy after its last application is deleted answers "
-    "/-/healthz with default_backend's 404 (no health rule is rendered); UNHEALTHY now, "
-    "should be NOT_READY (reported to the lead; classify.py is theirs)",
-)
 def test_a_worker_after_its_last_application_is_deleted_is_not_ready() -> None:
     # has_received_servers stays True once set (HAProxyApi.set_backend_configs): healthy,
     # no backends, not the head: the template renders no rule for /-/healthz at all.
