@@ -25,7 +25,9 @@ from typing import TYPE_CHECKING
 from aggregator.fleet_look import OnLooked
 from aggregator.metrics import Metrics
 from aggregator.tracker import Observation, PodRecord
+from servehealth_common.grpc_healthz import GrpcHealthz
 from servehealth_common.http import HTTPClient
+from servehealth_common.kube.pods import grpc_address, healthz_url
 from servehealth_common.pod_identity import PodKey
 from servehealth_common.probe import Prober, ProbeResult, make_session
 from servehealth_common.states import ServeState, Source
@@ -71,6 +73,7 @@ class Puller:
         self._clock = clock
         self._core: Core | None = None
         self._session: HTTPClient | None = None
+        self._grpc: GrpcHealthz | None = None
         self._prober: Prober | None = None
         self._loop: asyncio.Task[None] | None = None
         self._in_flight: dict[PodKey, asyncio.Task[None]] = {}
@@ -85,8 +88,15 @@ class Puller:
         pod = self._core.pod_info(key)
         if pod is None or not pod.pod_ip or not pod.serve_port:
             return None
-        host = f"[{pod.pod_ip}]" if ":" in pod.pod_ip else pod.pod_ip
-        return f"http://{host}:{pod.serve_port}/-/healthz"
+        return healthz_url(pod.pod_ip, pod.serve_port)
+
+    def grpc_address(self, key: PodKey) -> str | None:
+        """Where the pod's gRPC proxy answers, if it declares one (container port
+        ``serve-grpc``): a pull then asks both proxies, as the agents do."""
+        pod = self._core.pod_info(key) if self._core is not None else None
+        if pod is None or not pod.pod_ip or not pod.grpc_port:
+            return None
+        return grpc_address(pod.pod_ip, pod.grpc_port)
 
     def can_pull(self, key: PodKey) -> bool:
         return self.url(key) is not None
@@ -128,7 +138,9 @@ class Puller:
             record = core.pod(key)
             started = self._clock()
             previous = record.state if record is not None else None
-            result = await prober.probe_confirmed(url, previous, self.settings.confirm_delay)
+            result = await prober.probe_confirmed(
+                url, previous, self.settings.confirm_delay, self.grpc_address(key)
+            )
             self._record(result)
             state = result.state
             if record is not None and not core.agent_speaks(record, self._clock()):
@@ -149,7 +161,9 @@ class Puller:
             started = self._clock()
             # The prober bounds probes in flight (pull_concurrency); a slot is not held while
             # a failure waits for its confirmation.
-            result = await prober.probe_confirmed(url, previous, self.settings.confirm_delay)
+            result = await prober.probe_confirmed(
+                url, previous, self.settings.confirm_delay, self.grpc_address(key)
+            )
             self._record(result)
             core.pulled(key, observation(result), started)
         except Exception:  # one pod's surprise must not stop the others
@@ -178,8 +192,13 @@ class Puller:
         """Pull for ``core`` from now on (this replica leads), until :meth:`stop`."""
         settings = self.settings
         self._session = make_session(max_idle=PULL_MAX_IDLE, max_idle_per_host=1)
+        self._grpc = GrpcHealthz(settings.pull_timeout)  # no channel until a pod declares one
         self._prober = Prober(
-            self._session, settings.pull_timeout, self._clock, concurrency=settings.pull_concurrency
+            self._session,
+            settings.pull_timeout,
+            self._clock,
+            concurrency=settings.pull_concurrency,
+            grpc=self._grpc,
         )
         self._core = core
         self._loop = asyncio.create_task(self._run(core), name="puller")
@@ -198,7 +217,9 @@ class Puller:
         await asyncio.gather(*tasks, return_exceptions=True)
         if self._session is not None:
             await self._session.close()
-        self._session = self._prober = None
+        if self._grpc is not None:
+            await self._grpc.close()
+        self._session = self._prober = self._grpc = None
 
     async def _run(self, core: Core) -> None:
         """Every tick, pull the pods that are due."""

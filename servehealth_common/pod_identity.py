@@ -24,10 +24,12 @@ class PodKey(NamedTuple):
 @dataclass(frozen=True, slots=True)
 class PodInfo:
     """A pod as its registry knows it: the uid tells a replacement pod of the same name apart;
-    the address and port are where its Serve proxy can be probed (unknown in memory mode)."""
+    the address and ports are where its Serve proxies can be probed (unknown in memory mode;
+    ``grpc_port`` 0: no gRPC ingress declared)."""
 
     key: PodKey
     uid: str = ""
     node_name: str = ""
     pod_ip: str = ""
     serve_port: int = 0
+    grpc_port: int = 0

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aggregator.write_rule import condition_value
-from servehealth_common.kube.pods import serve_port
+from servehealth_common.kube.pods import SERVE_GRPC_PORT_NAME, named_port, serve_port
 from servehealth_common.pod_identity import PodInfo, PodKey
 
 #: KubeRay's labels: a pod's Ray cluster, and its node type (``head`` or ``worker``).
@@ -51,6 +51,7 @@ def parse_pod(pod: dict[str, Any], default_port: int) -> KubePod:
         node_name=spec.get("nodeName", "") or "",
         pod_ip=status.get("podIP", "") or "",
         serve_port=serve_port(pod, default_port),
+        grpc_port=named_port(pod, SERVE_GRPC_PORT_NAME, 0),
     )
     return KubePod(
         info=info,
@@ -63,13 +64,5 @@ def parse_pod(pod: dict[str, Any], default_port: int) -> KubePod:
             c.get("type", ""): condition_value(c.get("status", ""), c.get("reason", ""))
             for c in status.get("conditions") or []
         },
-        dashboard_port=_port_named(spec, DASHBOARD_PORT_NAME),
+        dashboard_port=named_port(pod, DASHBOARD_PORT_NAME, 0),
     )
-
-
-def _port_named(spec: dict[str, Any], name: str) -> int:
-    for container in spec.get("containers") or []:
-        for port in container.get("ports") or []:
-            if port.get("name") == name and port.get("containerPort"):
-                return int(port["containerPort"])
-    return 0

@@ -23,7 +23,7 @@ from servehealth_common.pod_identity import PodKey
 from servehealth_common.states import ServeState, Source
 from tests import grpcurl
 from tests.conftest import StartAggregator, eventually
-from tests.fakes import DRAINING, NOT_POPULATED, FakeServeProxy
+from tests.fakes import DRAINING, GRPC_DRAINING, NOT_POPULATED, FakeGrpcServeProxy, FakeServeProxy
 from tests.kube.emulator import DEFAULT_POD_LABELS, KubeEmulator
 from tests.messages import open_stream, report
 
@@ -259,3 +259,31 @@ async def test_a_healthy_fleet_without_agents_starts_without_panic(
     assert not aggregator.core.panic
     assert aggregator.metrics.panic._value.get() == 0
     assert removals(kube_emulator) == []
+
+
+async def test_a_pod_declaring_serve_grpc_is_pulled_on_both_proxies(
+    kube_emulator: KubeEmulator, start_kube: StartAggregator, fake_proxy: FakeServeProxy
+) -> None:
+    """No agent: the aggregator's pulls ask the gRPC proxy too, where the pod declares one
+    (container port ``serve-grpc``), and the pod is in service only when both serve."""
+    grpc_proxy = await FakeGrpcServeProxy().start()
+    try:
+        pod = kube_emulator.add_pod(
+            "default", "pod-g", pod_ip="127.0.0.1", serve_port=fake_proxy.port
+        )
+        containers = pod["spec"]["containers"]
+        containers[0]["ports"].append({"name": "serve-grpc", "containerPort": grpc_proxy.port})
+        kube_emulator.modify_pod("default", "pod-g", patch={"spec": {"containers": containers}})
+        aggregator = await start_kube(pull_interval=0.2)
+        await kube_emulator.wait_until(lambda: label(kube_emulator, "pod-g") == "true")
+        assert grpc_proxy.calls > 0
+        grpc_proxy.set(GRPC_DRAINING)  # HTTP still serves
+        await kube_emulator.wait_until(lambda: label(kube_emulator, "pod-g") == "false")
+        pulled = record(aggregator, "pod-g")
+        assert pulled.state is ServeState.DRAINING
+        assert pulled.source is Source.PULL
+        assert pulled.reason == (
+            f"gRPC proxy 127.0.0.1:{grpc_proxy.port}: This node is being drained."
+        )
+    finally:
+        await grpc_proxy.stop()
