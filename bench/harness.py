@@ -426,12 +426,29 @@ def start_ray(*, quiet: bool = False, attempts: int = 2, dashboard_port: int = 0
             if attempt == attempts:
                 raise
             print(f"ray.init failed ({error}); trying again", file=sys.stderr, flush=True)
+            if dashboard_port:
+                # The failed attempt's dashboard may still hold the port for a while.
+                wait_until_free(dashboard_port, timeout=30.0)
     if quiet:
         import logging
 
         import ray.serve  # configures the "ray.serve" logger on import: quiet it afterwards
 
         logging.getLogger(ray.serve.__name__).setLevel(logging.WARNING)
+
+
+def wait_until_free(port: int, timeout: float) -> None:
+    """Return once ``HOST:port`` can be bound, or after ``timeout`` (the caller's bind then
+    says what holds it)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as probe:
+            try:
+                probe.bind((HOST, port))
+            except OSError:
+                time.sleep(0.2)
+            else:
+                return
 
 
 def stop_ray() -> None:

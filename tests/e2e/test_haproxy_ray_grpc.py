@@ -125,7 +125,7 @@ def test_pod_follows_both_haproxy_frontends(
             POD,
             lambda pod: pod.state == ServeState.NOT_READY and pod.reason == both,
             "NOT_READY on both frontends",
-            DOWN_DEADLINE,
+            2 * DOWN_DEADLINE,
             logs=logs,
         )
     finally:
