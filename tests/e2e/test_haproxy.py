@@ -85,7 +85,7 @@ class Transitions:
         self._thread.join(5)
 
 
-@pytest.mark.timeout(300)  # Ray's start (~15 s) and teardown count; the walk takes ~45 s
+@pytest.mark.timeout(300)  # Ray's start (~10 s) and teardown count; the walk takes ~15 s
 def test_pod_follows_ray_serve_in_haproxy_mode(
     serve_haproxy: RayHAProxy,
     haproxy_agent: harness.Process,
