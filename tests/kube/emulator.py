@@ -1580,6 +1580,24 @@ class KubeEmulator(kmock.KubernetesEmulator):
         )
         return self.put_object(PODS, pod)
 
+    def add_ray_cluster(
+        self, dashboard_port: int, worker: str = "raycluster-worker", **worker_settings: Any
+    ) -> dict[str, Any]:
+        """A Ray head at 127.0.0.1 whose container port ``dashboard`` is ``dashboard_port``,
+        and a worker ``worker`` at 127.0.0.2 (nothing listens there), ``worker_settings`` as
+        :meth:`add_pod` takes them; returns the stored worker."""
+        head = make_pod(
+            "default",
+            "raycluster-head",
+            labels={**DEFAULT_POD_LABELS, "ray.io/node-type": "head"},
+            pod_ip="127.0.0.1",
+        )
+        head["spec"]["containers"][0]["ports"].append(
+            {"name": "dashboard", "containerPort": dashboard_port, "protocol": "TCP"}
+        )
+        self.put_object(PODS, head)
+        return self.add_pod("default", worker, pod_ip="127.0.0.2", **worker_settings)
+
     def modify_pod(
         self,
         namespace: str,

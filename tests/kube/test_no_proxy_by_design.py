@@ -26,7 +26,7 @@ from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
 from servehealth_common.pod_identity import PodKey
 from servehealth_common.states import ServeState
 from tests.conftest import StartAggregator, eventually
-from tests.kube.emulator import DEFAULT_POD_LABELS, PODS, KubeEmulator, make_pod
+from tests.kube.emulator import DEFAULT_POD_LABELS, KubeEmulator
 from tests.messages import open_stream, report
 
 HEADONLY = (Path(__file__).parents[1] / "data" / "serve_applications_headonly.json").read_bytes()
@@ -68,22 +68,6 @@ async def dashboard() -> AsyncIterator[FakeDashboard]:
         await runner.cleanup()
 
 
-def add_cluster(kube: KubeEmulator, dashboard_port: int, **worker: Any) -> dict[str, Any]:
-    """A head at 127.0.0.1 (container port ``dashboard``) and a worker at 127.0.0.2 (nothing
-    listens there); returns the worker."""
-    head = make_pod(
-        "default",
-        "raycluster-head",
-        labels={**DEFAULT_POD_LABELS, "ray.io/node-type": "head"},
-        pod_ip="127.0.0.1",
-    )
-    head["spec"]["containers"][0]["ports"].append(
-        {"name": "dashboard", "containerPort": dashboard_port, "protocol": "TCP"}
-    )
-    kube.put_object(PODS, head)
-    return kube.add_pod("default", "raycluster-worker", pod_ip="127.0.0.2", **worker)
-
-
 async def start(start_kube: StartAggregator, token_file: Path, **overrides: Any) -> Aggregator:
     token_file.write_text(TOKEN + "\n")  # noqa: ASYNC240 - a few bytes in tmp_path
     return await start_kube(
@@ -122,8 +106,8 @@ async def test_a_headonly_worker_is_no_proxy_by_design(
 ) -> None:
     # The worker served before (say, under EveryNode): it carries true, so leaving service is
     # one label write and one Event.
-    worker = add_cluster(
-        kube_emulator, dashboard.port, labels={**DEFAULT_POD_LABELS, "ray.io/serve": "true"}
+    worker = kube_emulator.add_ray_cluster(
+        dashboard.port, labels={**DEFAULT_POD_LABELS, "ray.io/serve": "true"}
     )
     aggregator = await start(start_kube, tmp_path / "token", serve_view_interval=0.05)
     assert dashboard.requests[:1] == [f"Bearer {TOKEN}"]  # polled once before reports
@@ -182,7 +166,7 @@ async def test_a_proxy_meant_there_stays_no_proxy(
     document["proxies"]["worker-node"] = proxy
     document["proxy_location"] = "EveryNode"
     dashboard.body = json.dumps(document).encode()
-    worker = add_cluster(kube_emulator, dashboard.port)
+    worker = kube_emulator.add_ray_cluster(dashboard.port)
     aggregator = await start(start_kube, tmp_path / "token", serve_view_interval=0.05)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{aggregator.port}") as channel:
         call = await open_stream(channel, "raycluster-worker", uid=worker["metadata"]["uid"])
@@ -205,7 +189,7 @@ async def test_condition_mode_makes_it_ready_with_reason_no_proxy_by_design(
     dashboard: FakeDashboard,
     tmp_path: Path,
 ) -> None:
-    worker = add_cluster(kube_emulator, dashboard.port, readiness_gates=[GATE])
+    worker = kube_emulator.add_ray_cluster(dashboard.port, readiness_gates=[GATE])
     aggregator = await start(start_kube, tmp_path / "token", mode="both")
     async with grpc.aio.insecure_channel(f"127.0.0.1:{aggregator.port}") as channel:
         call = await open_stream(channel, "raycluster-worker", uid=worker["metadata"]["uid"])
