@@ -15,7 +15,7 @@ from servehealth_common.probe import Prober, ProbeResult
 
 log = logging.getLogger(__name__)
 
-#: Called with every result, and whether its state differs from the one before.
+#: Called with every result, and whether its state (or reason) differs from the one before.
 OnResult = Callable[[ProbeResult, bool], None]
 
 
@@ -111,7 +111,13 @@ class PodProbe:
             log.exception("%s: probe failed", self.name)
             return
         previous, self.latest = self.latest, result
-        changed = previous is None or previous.state is not result.state
+        # A new reason is news too (a pod with two proxies stays NO_PROXY while the other one
+        # moves): without it, the aggregator would show the old reason until the next resync.
+        changed = (
+            previous is None
+            or previous.state is not result.state
+            or previous.reason != result.reason
+        )
         if changed:
             log.info(
                 "%s: %s (HTTP %s, %s)",

@@ -1,13 +1,13 @@
 """The Report stream to the aggregator, the same in both modes.
 
 Probe loops put their results in an :class:`~node_agent.outbox.Outbox`; :class:`ReportClient`
-says hello (``reports_on_change``), then sends a batch at once whenever a pod's state changed
-(only the pods that changed, with the confirmations the aggregator asked for) and, at the
-resync interval the aggregator asked for, a batch with every pod. The aggregator knows the agent
-is alive from the connection (it pings it), so nothing is sent while nothing changes. An
-aggregator older than 0.2.0 asks for no resync: then the agent sends every pod at its heartbeat
-interval, as agents did before. A new stream starts with every pod's latest result. It
-reconnects forever, with capped exponential backoff and jitter;
+says hello (``reports_on_change``), then sends a batch at once whenever a pod's state (or its
+reason) changed (only the pods that changed, with the confirmations the aggregator asked for)
+and, at the resync interval the aggregator asked for, a batch with every pod. The aggregator
+knows the agent is alive from the connection (it pings it), so nothing is sent while nothing
+changes. An aggregator older than 0.2.0 asks for no resync: then the agent sends every pod at
+its heartbeat interval, as agents did before. A new stream starts with every pod's latest
+result. It reconnects forever, with capped exponential backoff and jitter;
 :class:`~node_agent.attempt_log.AttemptLog` keeps that quiet.
 """
 

@@ -167,3 +167,47 @@ async def test_each_turn_of_the_probe_loop_beats_the_watchdog(
     assert watchdog.stall() is not None  # the event loop did not beat in 10 s
     watchdog.loop_beat()
     assert watchdog.stall() is None  # and no probe loop is left to stall
+
+
+class ScriptedProber:
+    """Answers each probe with the next of ``results``."""
+
+    def __init__(self, results: list[ProbeResult]) -> None:
+        self._results = iter(results)
+
+    async def probe_confirmed(self, *_: object) -> ProbeResult:
+        return next(self._results)
+
+
+async def test_a_new_reason_is_a_change_even_in_the_same_state() -> None:
+    """A pod with two proxies stays NO_PROXY while the other one moves: its new reason travels
+    at once rather than at the next resync."""
+    results = [
+        ProbeResult(ServeState.NO_PROXY, "HTTP proxy: not populated | gRPC proxy: refused", 503, 0),
+        ProbeResult(ServeState.NO_PROXY, "HTTP proxy: not populated | gRPC proxy: refused", 503, 0),
+        ProbeResult(ServeState.NO_PROXY, "gRPC proxy: refused", 200, 0),
+        ProbeResult(ServeState.NOT_READY, "gRPC proxy: not populated", 200, 0),
+        ProbeResult(ServeState.NOT_READY, "gRPC proxy: not populated", 200, 0),
+    ]
+    seen: list[bool] = []
+    slept: list[float] = []
+
+    async def sleep(delay: float) -> None:
+        slept.append(delay)
+        if len(slept) == len(results):
+            raise LoopEnded
+
+    probe = PodProbe(
+        "http://127.0.0.1:1/-/healthz",
+        ScriptedProber(results),  # type: ignore[arg-type]
+        interval=INTERVAL,
+        confirm_delay=0.1,
+        on_result=lambda _, changed: seen.append(changed),
+        rng=random.Random(1),
+        name="test proxy",
+        clock=FakeClock(),
+        sleep=sleep,
+    )
+    with pytest.raises(LoopEnded):
+        await probe.run()
+    assert seen == [True, False, True, True, False]

@@ -79,18 +79,20 @@ def test_the_pod_serves_only_when_both_proxies_do(
         # An application: both proxies serve.
         harness.deploy_app()
         reach(GRPC_POD, ServeState.SERVING)
-        # Nothing listens at the other agent's gRPC port: never SERVING, though HTTP serves.
         # Nothing listens at the other agent's gRPC port: never SERVING, though its HTTP proxy
-        # (the same one) serves. Its state stayed NO_PROXY while HTTP moved, so its reason may
-        # still name the HTTP proxy's earlier answer: a report travels when the state changes,
-        # and the reason is refreshed at the next resync.
+        # (the same one) serves. It stayed NO_PROXY while HTTP moved: the new reason, naming
+        # the gRPC proxy alone, travels all the same.
         refused = (
             f"gRPC proxy 127.0.0.1:{dead_port}: Connection refused: no Serve proxy is listening."
         )
-        seen, _ = inspector.wait_for_state(
-            DEAD_GRPC_POD, ServeState.NO_PROXY, STATE_DEADLINE, logs=logs
+        seen, _ = inspector.wait_for(
+            DEAD_GRPC_POD,
+            lambda pod: pod.state == ServeState.NO_PROXY and pod.reason == refused,
+            "NO_PROXY for its gRPC proxy alone",
+            STATE_DEADLINE,
+            logs=logs,
         )
-        assert seen.reason.endswith(refused)
+        assert seen.http_status == 200
         assert seen.desired_label == "false"
 
         # Drain the proxy actor: both of its ingresses drain.
