@@ -136,6 +136,13 @@ class AggregatorFlags:
     events: bool = setting(
         True, "Record a Kubernetes Event on a pod whenever its serve label changes."
     )
+    dry_run: bool = setting(
+        False,
+        "Shadow mode: decide everything as usual (discovery, agents, pulls, PANIC, inspection, "
+        "metrics) but write nothing to the Kubernetes API: no label, condition, Event or Lease. "
+        "serve_health_shadow_disagreements and GetSummary count the pods that carry another "
+        "value than the one it would write. Not with --leader-elect (run one replica).",
+    )
     ray_dashboard_port: int = setting(
         8265,
         "Port of the Ray dashboard on a cluster's head pod (ray.io/node-type=head) with no "
@@ -335,6 +342,11 @@ class AggregatorFlags:
             raise ValueError(
                 f"--panic-threshold must be in (0, 1] (got {self.panic_threshold:g}); "
                 "1 disables PANIC"
+            )
+        if self.dry_run and self.leader_elect:
+            raise ValueError(
+                "--dry-run writes nothing to the API, not even the Lease --leader-elect needs: "
+                "run one replica without --leader-elect (as deploy/overlays/shadow-mode does)"
             )
         leader_flags.check(
             enabled=self.leader_elect,

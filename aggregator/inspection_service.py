@@ -16,6 +16,8 @@ from aggregator.call_bookkeeping import CallsInFlight
 from aggregator.core import Core
 from aggregator.guard import Guard
 from aggregator.report_service import SHUTDOWN_MESSAGE
+from aggregator.shadow import Disagreements, ShadowView
+from aggregator.tracker import PodRecord
 from aggregator.transition_feed import WatcherTooSlow
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
@@ -38,6 +40,7 @@ class InspectionService(pb_grpc.InspectionServiceServicer):
         wall_clock: Callable[[], float] = time.time,
         *,
         guard: Guard | None = None,
+        shadow: ShadowView | None = None,
     ) -> None:
         self._core = core
         self._label_key = label_key
@@ -45,6 +48,8 @@ class InspectionService(pb_grpc.InspectionServiceServicer):
         #: --inspection-auth tokenreview: each call must carry a genuine token (None: open).
         self._guard = guard
         self._calls = CallsInFlight()
+        #: Shadow mode and drift: Pod.carried, Summary.dry_run and would_* (None: not shown).
+        self._shadow = shadow
 
     async def idle(self) -> None:
         """Until no inspection call is in flight (a drain waits for them)."""
@@ -59,6 +64,12 @@ class InspectionService(pb_grpc.InspectionServiceServicer):
     def _clocks(self) -> tuple[float, float]:
         return self._core.now(), self._wall_clock()
 
+    def _pod(self, record: PodRecord, now: float, wall: float) -> pb.Pod:
+        message = wire.pod_message(record, now, wall)
+        if self._shadow is not None:
+            message.carried = self._shadow.carried(record.key)
+        return message
+
     async def ListPods(
         self, request: pb.ListPodsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListPodsResponse:
@@ -72,7 +83,7 @@ class InspectionService(pb_grpc.InspectionServiceServicer):
             )
         now, wall = self._clocks()
         pods = [
-            wire.pod_message(record, now, wall)
+            self._pod(record, now, wall)
             for record in self._core.pods()
             if (not request.namespace or record.key.namespace == request.namespace)
             and (not states or int(record.state) in states)
@@ -92,13 +103,14 @@ class InspectionService(pb_grpc.InspectionServiceServicer):
                 grpc.StatusCode.NOT_FOUND,
                 f"pod {request.namespace}/{request.name} is not tracked",
             )
-        return wire.pod_message(record, *self._clocks())
+        return self._pod(record, *self._clocks())
 
     async def GetSummary(
         self, request: pb.GetSummaryRequest, context: grpc.aio.ServicerContext
     ) -> pb.Summary:
         await self._begin(context)
         summary = self._core.summary()
+        shadow = self._shadow.disagreements() if self._shadow else Disagreements()
         return pb.Summary(
             pods=sum(summary.counts.values()),
             pods_by_state={
@@ -109,6 +121,9 @@ class InspectionService(pb_grpc.InspectionServiceServicer):
             panic=summary.panic,
             pods_in_pull_mode=summary.pods_in_pull_mode,
             panic_held_writes=summary.panic_held_writes,
+            dry_run=self._shadow is not None and self._shadow.dry_run,
+            would_enter=shadow.would_enter,
+            would_leave=shadow.would_leave,
         )
 
     async def WatchTransitions(

@@ -8,6 +8,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from aggregator.shadow import Disagreements
 from servehealth_common.states import ServeState
 
 PREFIX = "serve_health"
@@ -25,6 +26,25 @@ class _PodsByState(Collector):
         )
         for state, count in self._counts().items():
             family.add_metric([state.name], count)
+        yield family
+
+
+class _Disagreements(Collector):
+    """``serve_health_shadow_disagreements{direction}``, counted at scrape time."""
+
+    def __init__(self, counts: Callable[[], Disagreements]) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            f"{PREFIX}_shadow_disagreements",
+            "Pods that carry another value than the aggregator would write, by direction (in: "
+            "it would put them in service; out: it would take them out). Any mode: drift.",
+            labels=["direction"],
+        )
+        counts = self._counts()
+        family.add_metric(["in"], counts.would_enter)
+        family.add_metric(["out"], counts.would_leave)
         yield family
 
 
@@ -126,6 +146,17 @@ class Metrics:
             ["result"],
             registry=r,
         )
+        self.would_be_writes = Counter(
+            f"{PREFIX}_would_be_writes",
+            "Writes shadow mode (--dry-run) skipped, by kind (label, condition, event, lease).",
+            ["kind"],
+            registry=r,
+        )
+        self.dry_run = Gauge(
+            f"{PREFIX}_dry_run",
+            "1 in shadow mode (--dry-run: nothing is written), else 0.",
+            registry=r,
+        )
         self.serve_view_polls = Counter(
             f"{PREFIX}_serve_view_polls",
             "GETs of a Ray head's /api/serve/applications/ (where Serve runs proxies), by "
@@ -197,6 +228,11 @@ class Metrics:
 
     def track_pods(self, counts: Callable[[], dict[ServeState, int]]) -> None:
         self.registry.register(_PodsByState(counts))
+
+    def track_disagreements(self, counts: Callable[[], Disagreements]) -> None:
+        """``serve_health_shadow_disagreements{direction}``: pods carrying another value than
+        the aggregator would write, ``in`` (would_enter) and ``out`` (would_leave)."""
+        self.registry.register(_Disagreements(counts))
 
     def track_writer(self, pending: Callable[[], int]) -> None:
         gauge = Gauge(

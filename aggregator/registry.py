@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import abc
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from aggregator.serve_view import UNKNOWN, ProxyIntent
+from aggregator.shadow import Target, WouldBeWrites
 from aggregator.tracker import StateChange
 from aggregator.write_rule import WriteKind, write_needed
 from servehealth_common.pod_identity import PodInfo, PodKey
@@ -84,6 +85,11 @@ class PodRegistry(abc.ABC):
     def forget(self, key: PodKey) -> None:  # noqa: B027 - optional hook
         """The core no longer tracks ``key``."""
 
+    def targets(self, key: PodKey, wanted: str) -> list[Target]:
+        """Each thing the aggregator writes to the pod: its kind, what the pod carries now, and
+        the value that goes with the label ``wanted`` (:mod:`aggregator.shadow`)."""
+        return [(WriteKind.LABEL, self.carried(key, WriteKind.LABEL), wanted)]
+
 
 class MemoryRegistry(PodRegistry):
     """Every pod an agent names is admitted; labels are kept in this process."""
@@ -91,15 +97,25 @@ class MemoryRegistry(PodRegistry):
     name = "memory"
     forgets_departed = True
 
-    def __init__(self, label_key: str) -> None:
+    def __init__(
+        self,
+        label_key: str,
+        *,
+        dry_run: bool = False,
+        would_write: Callable[[str], None] = lambda kind: None,
+    ) -> None:
         self.label_key = label_key
         self._labels: dict[PodKey, str] = {}
+        #: --dry-run: labels are not even kept in the process (they stay as they were: none).
+        self._shadow = WouldBeWrites(would_write) if dry_run else None
 
     def admit(self, pod: PodInfo) -> bool:
         return True
 
     def desire(self, key: PodKey, value: str, transition: StateChange | None = None) -> None:
-        if write_needed(WriteKind.LABEL, self.carried(key, WriteKind.LABEL), value):
+        if self._shadow is not None:
+            self._shadow.want(key, WriteKind.LABEL, self.carried(key, WriteKind.LABEL), value)
+        elif write_needed(WriteKind.LABEL, self.carried(key, WriteKind.LABEL), value):
             self._labels[key] = value
             log.info("label %s=%s on pod %s (memory backend)", self.label_key, value, key)
 
@@ -108,3 +124,5 @@ class MemoryRegistry(PodRegistry):
 
     def forget(self, key: PodKey) -> None:
         self._labels.pop(key, None)
+        if self._shadow is not None:
+            self._shadow.forget(key)

@@ -42,6 +42,7 @@ from aggregator.resync import ResyncSettings
 from aggregator.self_protection import ProtectionSettings
 from aggregator.serve_view_poller import ServeViewSettings
 from aggregator.server import Aggregator, Election, PortSettings
+from aggregator.shadow import WOULD_BE_KINDS, ShadowView
 from aggregator.tracker import Clock, Tracker, TrackerSettings
 from servehealth_common.config import split_host_port
 from servehealth_common.kube.client import NoKubeConfig, find_config, load_configuration
@@ -146,6 +147,7 @@ def kube_settings(flags: AggregatorFlags) -> KubeSettings:
         burst=flags.kube_burst,
         concurrency=flags.kube_concurrency,
         serve_view=serve_view_settings(flags),
+        dry_run=flags.dry_run,
     )
 
 
@@ -188,7 +190,11 @@ def make_registry(flags: AggregatorFlags, metrics: Metrics) -> PodRegistry:
             f"using kubernetes ({found})" if found else "no Kubernetes configuration, using memory",
         )
     if backend == "memory":
-        return MemoryRegistry(flags.label_key)
+        return MemoryRegistry(
+            flags.label_key,
+            dry_run=flags.dry_run,
+            would_write=lambda kind: metrics.would_be_writes.labels(kind).inc(),
+        )
     api = KubeApi(
         load_configuration(flags.kubeconfig),
         timeout=flags.kube_timeout,
@@ -283,6 +289,28 @@ def make_election(
     )
 
 
+def make_shadow(
+    flags: AggregatorFlags, core: Core, registry: PodRegistry, metrics: Metrics
+) -> ShadowView:
+    """The disagreement figures (any mode: drift), their metrics, and shadow mode's notice."""
+    shadow = ShadowView(
+        flags.dry_run, lambda: (r.key for r in core.pods()), core.desired_label, registry.targets
+    )
+    metrics.dry_run.set(1 if flags.dry_run else 0)
+    for kind in WOULD_BE_KINDS:
+        metrics.would_be_writes.labels(kind)  # 0 until counted, so dashboards see every kind
+    metrics.track_disagreements(shadow.disagreements)
+    if flags.dry_run:
+        log.warning(
+            "--dry-run: SHADOW MODE. Every decision is made as usual, but nothing is written "
+            "to the Kubernetes API (no label, condition, Event or Lease): pods keep what they "
+            "carry. serve_health_shadow_disagreements and GetSummary's would_enter and "
+            "would_leave count the pods that carry another value than the one it would write; "
+            "would-be writes are logged at debug level"
+        )
+    return shadow
+
+
 def build_aggregator(
     flags: AggregatorFlags,
     *,
@@ -303,6 +331,7 @@ def build_aggregator(
         core_settings(flags),
     )
     guard = make_guard(flags, metrics, knows_nodes=registry.seeds_from_cluster)
+    shadow = make_shadow(flags, core, registry, metrics)
     metrics_settings = metrics_server_settings(flags)
     return Aggregator(
         port_settings(flags),
@@ -323,6 +352,7 @@ def build_aggregator(
             core,
             flags.label_key,
             guard=guard if flags.inspection_auth == "tokenreview" else None,
+            shadow=shadow,
         ),
         metrics_server=(
             MetricsServer(

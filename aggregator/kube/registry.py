@@ -13,6 +13,7 @@ from aggregator.kube.api import KubeApi
 from aggregator.kube.discovery import Discovery
 from aggregator.kube.events import EventRecorder
 from aggregator.kube.pods import KubePod, parse_pod
+from aggregator.kube.shadow import ShadowEvents, ShadowWriter
 from aggregator.kube.writer import Writer, WriterSettings
 from aggregator.metrics import Metrics
 from aggregator.registry import PodRegistry, PodSink
@@ -23,6 +24,7 @@ from aggregator.serve_view_poller import (
     ServeViewSettings,
     dashboard_url,
 )
+from aggregator.shadow import Target, WouldBeWrites
 from aggregator.tracker import StateChange
 from aggregator.write_rule import NO_PROXY_BY_DESIGN, WriteKind, condition_status
 from servehealth_common.pod_identity import PodInfo, PodKey
@@ -46,6 +48,8 @@ class KubeSettings:
     watch_timeout: int = 300
     #: Where Serve runs proxies, from each Ray cluster's dashboard (off by default here).
     serve_view: ServeViewSettings = field(default_factory=ServeViewSettings)
+    #: Shadow mode: nothing is written (aggregator/kube/shadow.py); reads go on.
+    dry_run: bool = False
 
     @property
     def writes_label(self) -> bool:
@@ -79,7 +83,7 @@ class KubeRegistry(PodRegistry):
         self._metrics = metrics
         self._pods: dict[PodKey, KubePod] = {}
         self._sink: PodSink | None = None
-        self.writer = Writer(
+        self.writer: Writer | ShadowWriter = Writer(
             api,
             WriterSettings(
                 label_key=settings.label_key,
@@ -101,7 +105,13 @@ class KubeRegistry(PodRegistry):
             delete=self._delete,
             watch_timeout=settings.watch_timeout,
         )
-        self.events = EventRecorder(api, metrics) if settings.events else None
+        self.events: EventRecorder | ShadowEvents | None = (
+            EventRecorder(api, metrics) if settings.events else None
+        )
+        if settings.dry_run:  # shadow mode: the same decisions, counted instead of sent
+            would_be = WouldBeWrites(lambda kind: metrics.would_be_writes.labels(kind).inc())
+            self.writer = ShadowWriter(self, would_be)
+            self.events = ShadowEvents(would_be) if settings.events else None
         self.serve_views = ServeViewPoller(
             settings.serve_view, self._heads, self._view_changed, metrics
         )
@@ -180,6 +190,19 @@ class KubeRegistry(PodRegistry):
             self.settings.writes_condition
             and (transition.old is by_design) != (transition.new is by_design)
         )
+
+    def targets(self, key: PodKey, wanted: str) -> list[Target]:
+        """The label and, for a pod with the readiness gate, the condition, as the mode says."""
+        pod = self._pods.get(key)
+        if pod is None:
+            return []
+        found: list[Target] = []
+        if self.settings.writes_label:
+            found.append((WriteKind.LABEL, self.carried(key, WriteKind.LABEL), wanted))
+        if self.settings.writes_condition and self.settings.condition_type in pod.readiness_gates:
+            condition = self._condition(key, wanted)
+            found.append((WriteKind.CONDITION, self.carried(key, WriteKind.CONDITION), condition))
+        return found
 
     def pod(self, key: PodKey) -> PodInfo | None:
         pod = self._pods.get(key)
