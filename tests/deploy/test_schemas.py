@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.deploy import crd_schemas
 from tests.deploy.manifests import ROOT, render, renderable
 
 OLDEST_SUPPORTED = "1.27.0"  # docs/install.md: native gRPC probes are GA from 1.27
@@ -42,6 +43,12 @@ def problems(validator: Any, obj: dict[str, Any]) -> list[str]:
     # test_kustomize.py check the parts of it that matter here.
     if obj["apiVersion"].split("/")[0] == "ray.io":
         return []
+    # The Prometheus Operator's kinds (deploy/components/monitoring): against the schemas of
+    # its CRDs, vendored in tests/deploy/crds/ (the same for every Kubernetes version).
+    if obj["apiVersion"].split("/")[0] in crd_schemas.groups():
+        return [
+            f"{obj['kind']} {obj['metadata'].get('name')}: {p}" for p in crd_schemas.problems(obj)
+        ]
     found = []
     for version in versions(validator):
         try:

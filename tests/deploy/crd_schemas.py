@@ -1,0 +1,90 @@
+"""Offline validation of custom resources against the schemas in their CRDs, for the kinds
+kubernetes-validate has no schema for: the Prometheus Operator's ServiceMonitor and
+PrometheusRule (deploy/components/monitoring), from the CRDs vendored in tests/deploy/crds/
+(their source and version are in each file's first lines).
+
+A CRD's ``openAPIV3Schema`` is turned into a JSON Schema the way the API server reads it, and
+strict like kubernetes-validate's strict mode: ``nullable`` allows null, and an object with
+``properties`` (and no ``x-kubernetes-preserve-unknown-fields`` or ``additionalProperties``)
+takes no other field, so a misspelt field is an error here (the API server would drop it)."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+CRDS = Path(__file__).resolve().parent / "crds"
+
+
+def strict(schema: Any) -> Any:
+    """The JSON Schema equivalent of a structural OpenAPI v3 schema, unknown fields refused."""
+    if isinstance(schema, list):
+        return [strict(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: strict(value) for key, value in schema.items()}
+    for key in ("properties", "patternProperties"):
+        if key in schema:  # names of fields, not schemas: map each value only
+            out[key] = {name: strict(value) for name, value in schema[key].items()}
+    if out.pop("nullable", False) and "type" in out:
+        out["type"] = [out["type"], "null"]
+    if (
+        "properties" in out
+        and "additionalProperties" not in out
+        and not out.get("x-kubernetes-preserve-unknown-fields")
+    ):
+        out["additionalProperties"] = False
+    return out
+
+
+@functools.cache
+def schemas() -> dict[tuple[str, str], dict[str, Any]]:
+    """(apiVersion, kind) -> JSON Schema, for every served version of every vendored CRD."""
+    found = {}
+    for path in sorted(CRDS.glob("*.yaml")):
+        for crd in yaml.safe_load_all(path.read_text()):
+            if not crd:
+                continue
+            spec = crd["spec"]
+            for version in spec["versions"]:
+                if not version.get("served", True):
+                    continue
+                schema = strict(version["schema"]["openAPIV3Schema"])
+                # The API server checks metadata as ObjectMeta; the CRD says only "object".
+                schema["properties"]["metadata"] = {
+                    "type": "object",
+                    "required": ["name"],
+                    "properties": {
+                        "name": {"type": "string"},
+                        "namespace": {"type": "string"},
+                        "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+                        "annotations": {
+                            "type": "object",
+                            "additionalProperties": {"type": "string"},
+                        },
+                    },
+                    "additionalProperties": False,
+                }
+                found[(f"{spec['group']}/{version['name']}", spec["names"]["kind"])] = schema
+    return found
+
+
+def groups() -> set[str]:
+    """The API groups the vendored CRDs define."""
+    return {api_version.split("/")[0] for api_version, _ in schemas()}
+
+
+def problems(obj: dict[str, Any]) -> list[str]:
+    """Validation errors of a custom resource of a vendored CRD's group; empty if valid."""
+    schema = schemas().get((obj["apiVersion"], obj["kind"]))
+    if schema is None:
+        return [f"no vendored CRD defines {obj['apiVersion']} {obj['kind']} (tests/deploy/crds)"]
+    validator = jsonschema.Draft202012Validator(schema)
+    return [
+        f"{error.message} at {'/'.join(map(str, error.absolute_path))}"
+        for error in sorted(validator.iter_errors(obj), key=lambda e: str(list(e.absolute_path)))
+    ]

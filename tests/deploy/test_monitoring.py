@@ -1,0 +1,367 @@
+"""deploy/components/monitoring: a kustomize Component with a ServiceMonitor, a PrometheusRule
+(the alerts docs/operations.md recommends) and a Grafana dashboard ConfigMap. It renders on its
+own and from an overlay's ``components:``, its objects validate offline (the Prometheus
+Operator's CRD schemas vendored in tests/deploy/crds/), the ServiceMonitor finds the
+aggregator's metrics port, the dashboard is valid JSON with a query in every panel, and every
+metric a query names is one a real aggregator exports on /metrics."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import selectors
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import promql_parser
+import pytest
+import yaml
+
+from tests.deploy import crd_schemas
+from tests.deploy.manifests import DEPLOY, ROOT, find, kubectl, render
+
+COMPONENT = "deploy/components/monitoring"
+DASHBOARD = DEPLOY / "components" / "monitoring" / "dashboard.json"
+OVERLAYS = ["deploy/overlays/label-mode", "deploy/overlays/readiness-gate-mode"]
+NAMESPACE = "ray-serve-health"
+AGGREGATOR = "ray-serve-health-aggregator"
+OPERATIONS = ROOT / "docs" / "operations.md"
+# Grafana's own interval variables, which are not PromQL, and what stands for them in a parse.
+GRAFANA_INTERVALS = re.compile(r"\$__(rate_interval|interval|range)\b|\$\{__(\w+)\}")
+
+
+# -- rendering --------------------------------------------------------------------------
+
+
+def test_component_is_a_component() -> None:
+    document = yaml.safe_load((ROOT / COMPONENT / "kustomization.yaml").read_text())
+    assert document["apiVersion"] == "kustomize.config.k8s.io/v1alpha1"
+    assert document["kind"] == "Component"
+
+
+def test_component_renders_on_its_own() -> None:
+    objects = render(COMPONENT)
+    assert sorted(obj["kind"] for obj in objects) == [
+        "ConfigMap",
+        "PrometheusRule",
+        "ServiceMonitor",
+    ]
+    configmap = find(objects, "ConfigMap")
+    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+    # No hash suffix: `kubectl apply` changes the one ConfigMap the sidecar loads.
+    assert configmap["metadata"]["name"] == "ray-serve-health-dashboard"
+    (content,) = configmap["data"].values()
+    assert json.loads(content) == json.loads(DASHBOARD.read_text())
+
+
+def render_in_overlay(overlay: str, tmp_path: Path) -> list[dict[str, Any]]:
+    """What a user's overlay renders that adds the component to ``overlay``."""
+    here = tmp_path / "overlay"
+    here.mkdir()
+    (here / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                "namespace": NAMESPACE,
+                "resources": [os.path.relpath(ROOT / overlay, here)],
+                "components": [os.path.relpath(ROOT / COMPONENT, here)],
+            }
+        )
+    )
+    result = subprocess.run(
+        [kubectl(), "kustomize", str(here)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+@pytest.mark.parametrize("overlay", [*OVERLAYS, "example"])
+def test_servicemonitor_scrapes_the_aggregators_metrics_port(overlay: str, tmp_path: Path) -> None:
+    if overlay == "example":
+        objects = render("deploy/examples/monitoring")
+    else:
+        objects = render_in_overlay(overlay, tmp_path)
+    monitor = find(objects, "ServiceMonitor")
+    find(objects, "PrometheusRule")
+    find(objects, "ConfigMap", "ray-serve-health-dashboard")
+    service = find(objects, "Service", AGGREGATOR)
+    deployment = find(objects, "Deployment", AGGREGATOR)
+    for obj in (monitor, find(objects, "PrometheusRule"), service):
+        assert obj["metadata"]["namespace"] == NAMESPACE, obj["kind"]
+    # Selected in the ServiceMonitor's own namespace (no namespaceSelector), by the labels.
+    assert "namespaceSelector" not in monitor["spec"]
+    assert (
+        monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    )
+    (endpoint,) = monitor["spec"]["endpoints"]
+    port = next(p for p in service["spec"]["ports"] if p["name"] == endpoint["port"])
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    target = next(p for p in container["ports"] if p["name"] == port["targetPort"])
+    listen = next(
+        e["value"] for e in container["env"] if e["name"] == "SERVE_HEALTH_METRICS_LISTEN"
+    )
+    assert listen.endswith(f":{target['containerPort']}")
+    assert endpoint.get("path", "/metrics") == "/metrics"
+
+
+# -- offline validation -----------------------------------------------------------------
+
+
+def test_component_objects_validate_against_the_crds() -> None:
+    found = [
+        f"{obj['kind']}: {problem}"
+        for obj in render(COMPONENT)
+        if obj["apiVersion"].split("/")[0] in crd_schemas.groups()
+        for problem in crd_schemas.problems(obj)
+    ]
+    assert not found, "\n".join(found)
+
+
+def test_crd_validation_is_not_vacuous() -> None:
+    """A misspelt field, a wrong type and a missing required field are caught."""
+    monitor = find(render(COMPONENT), "ServiceMonitor")
+    monitor["spec"]["endpoints"][0]["intervall"] = "15s"
+    assert crd_schemas.problems(monitor)
+    rule = find(render(COMPONENT), "PrometheusRule")
+    rule["spec"]["groups"][0]["rules"][0]["expr"] = ["not", "a", "string"]
+    assert crd_schemas.problems(rule)
+    rule = find(render(COMPONENT), "PrometheusRule")
+    del rule["spec"]["groups"][0]["name"]
+    assert crd_schemas.problems(rule)
+    rule["apiVersion"] = "monitoring.coreos.com/v2"
+    assert crd_schemas.problems(rule)
+
+
+# -- the dashboard ----------------------------------------------------------------------
+
+
+def dashboard() -> dict[str, Any]:
+    return json.loads(DASHBOARD.read_text())
+
+
+def panels(items: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """Every panel, rows' collapsed panels included (rows themselves are not panels)."""
+    for item in items:
+        if item.get("type") == "row":
+            yield from panels(item.get("panels", []))
+        else:
+            yield item
+
+
+def test_dashboard_is_valid_and_every_panel_has_a_query() -> None:
+    board = dashboard()
+    assert board["uid"]
+    assert board["title"]
+    assert isinstance(board["schemaVersion"], int)
+    found = list(panels(board["panels"]))
+    assert len(found) >= 10
+    ids = [item["id"] for item in board["panels"]] + [
+        item["id"] for row in board["panels"] for item in row.get("panels", [])
+    ]
+    assert len(ids) == len(set(ids)), "panel ids repeat"
+    variables = {variable["name"] for variable in board["templating"]["list"]}
+    for panel in found:
+        title = panel.get("title")
+        assert title, panel
+        assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, title
+        assert panel["targets"], f"{title}: no query"
+        for target in panel["targets"]:
+            assert target.get("expr", "").strip(), f"{title}: a target without expr"
+            for used in re.findall(r"\$(\w+)", target["expr"]):
+                assert used in variables or used.startswith("__"), f"{title}: ${used}"
+        grid = panel["gridPos"]
+        assert grid["x"] + grid["w"] <= 24, title
+
+
+def test_dashboard_covers_what_the_issue_asks() -> None:
+    queries = " ".join(
+        target["expr"] for panel in panels(dashboard()["panels"]) for target in panel["targets"]
+    )
+    for metric in (
+        "serve_health_pods",
+        "serve_health_transitions_total",
+        "serve_health_pull_probe_seconds_bucket",
+        "serve_health_label_writes_total",
+        "serve_health_api_retries_total",
+        "serve_health_panic",
+        "serve_health_agents_connected",
+        "serve_health_pods_in_pull_mode",
+    ):
+        assert re.search(rf"\b{metric}\b", queries), metric
+
+
+# -- the alerts -------------------------------------------------------------------------
+
+
+def rules() -> list[dict[str, Any]]:
+    rule = find(render(COMPONENT), "PrometheusRule")
+    return [item for group in rule["spec"]["groups"] for item in group["rules"]]
+
+
+def normal(expression: str) -> str:
+    return re.sub(r"\s+", " ", expression).strip()
+
+
+def documented_alerts() -> list[str]:
+    """The expressions docs/operations.md recommends to alert on."""
+    text = OPERATIONS.read_text()
+    paragraph = re.search(
+        r"^Alerts worth having:(.*?)(?:\n\n)", text, flags=re.MULTILINE | re.DOTALL
+    )
+    assert paragraph, "docs/operations.md: no 'Alerts worth having:' paragraph"
+    found = re.findall(r"`([^`]*serve_health_[^`]*)`", paragraph[1])
+    # And the leader-election one, in the section on the standby.
+    found += re.findall(r"alert on\s*`(sum\(serve_health_leader\)[^`]*)`", text)
+    return found
+
+
+def test_every_documented_alert_is_a_rule() -> None:
+    documented = documented_alerts()
+    assert len(documented) >= 5, documented
+    expressions = [normal(rule["expr"]) for rule in rules()]
+    for expression in documented:
+        assert any(normal(expression) in e for e in expressions), f"no rule for `{expression}`"
+    by_name = {rule["alert"]: rule for rule in rules()}
+    # "serve_health_pods_in_pull_mode > 0 for 10 minutes"
+    assert by_name["ServeHealthPodsInPullMode"]["for"] == "10m"
+    for rule in rules():
+        assert rule["labels"]["severity"] in {"critical", "warning", "info"}, rule["alert"]
+        assert rule["annotations"]["summary"], rule["alert"]
+
+
+# -- every metric named exists ----------------------------------------------------------
+
+
+def aggregator_command() -> list[str]:
+    beside = shutil.which("serve-health-aggregator", path=str(Path(sys.executable).parent))
+    return [beside] if beside else [sys.executable, "-m", "aggregator"]
+
+
+@pytest.fixture(scope="module")
+def exported() -> Iterator[set[str]]:
+    """The metric names on a real aggregator's /metrics (memory backend, loopback)."""
+    process = subprocess.Popen(
+        [
+            *aggregator_command(),
+            "--kube-backend=memory",
+            "--auth=none",
+            "--listen=127.0.0.1:0",
+            "--metrics-listen=127.0.0.1:0",
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+    )
+    try:
+        address = metrics_address(process)
+        with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as response:
+            text = response.read().decode()
+        yield names_in(text)
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def metrics_address(process: subprocess.Popen[bytes], timeout: float = 30.0) -> str:
+    """HOST:PORT of /metrics, from the aggregator's "listening on ... metrics HOST:PORT" line."""
+    assert process.stderr is not None
+    seen = b""
+    deadline = time.monotonic() + timeout
+    with selectors.DefaultSelector() as selector:
+        selector.register(process.stderr, selectors.EVENT_READ)
+        while (left := deadline - time.monotonic()) > 0 and selector.select(left):
+            chunk = os.read(process.stderr.fileno(), 65536)
+            if not chunk:
+                break  # the process ended
+            seen += chunk
+            match = re.search(rb"listening on .*\bmetrics (\S+?:\d+)\)", seen)
+            if match:
+                return match[1].decode()
+    pytest.fail(f"the aggregator did not say where /metrics listens:\n{seen.decode()}")
+
+
+def names_in(text: str) -> set[str]:
+    """Series names in a Prometheus text exposition: every sample's, and every declared
+    family's (a labelled family has no sample until its first observation); a histogram's
+    ``_bucket``, ``_sum`` and ``_count``."""
+    names = set(re.findall(r"^([A-Za-z_:][\w:]*)(?:\{| )", text, flags=re.MULTILINE))
+    for name, kind in re.findall(r"^# TYPE (\S+) (\S+)", text, flags=re.MULTILINE):
+        names.add(name)
+        if kind == "histogram":
+            names |= {f"{name}_bucket", f"{name}_sum", f"{name}_count"}
+    return names
+
+
+def metric_names(expression: str) -> set[str]:
+    """The metric names a PromQL expression selects, from its parse tree (Grafana's interval
+    variables read as 5m; other variables sit in label values, where any string parses)."""
+    parsed = promql_parser.parse(GRAFANA_INTERVALS.sub("5m", expression))
+    found: set[str] = set()
+
+    def visit(node: Any) -> None:
+        if isinstance(node, promql_parser.VectorSelector):
+            if node.name:
+                found.add(node.name)
+            found.update(m.value for m in node.matchers.matchers if m.name == "__name__")
+
+    promql_parser.walk(parsed, visit)
+    return found
+
+
+def queries() -> list[tuple[str, str]]:
+    """(where, PromQL) for every query of the dashboard and every rule's expression."""
+    found = [
+        (f"panel {panel['title']!r} {target['refId']}", target["expr"])
+        for panel in panels(dashboard()["panels"])
+        for target in panel["targets"]
+    ]
+    found += [(f"alert {rule['alert']}", rule["expr"]) for rule in rules()]
+    return found
+
+
+def test_metric_names_come_from_the_parse_tree() -> None:
+    """Not from the text: label names, label values, functions and grouping are no metrics."""
+    assert metric_names(
+        "histogram_quantile(0.9, sum by (le) "
+        '(rate(a_bucket{job=~"$job",x="b_total"}[$__rate_interval])))'
+        ' / on (instance) group_left {__name__="c"} and d offset 1h'
+    ) == {"a_bucket", "c", "d"}
+    with pytest.raises(ValueError, match="unclosed left parenthesis"):
+        promql_parser.parse("sum(rate(a[5m])")
+
+
+def test_every_metric_in_a_query_is_exported(exported: set[str]) -> None:
+    assert "serve_health_pods" in exported, sorted(exported)
+    used: dict[str, list[str]] = {}
+    for where, expression in queries():
+        names = metric_names(expression)
+        assert names, f"{where}: selects no metric: {expression}"
+        for name in names:
+            used.setdefault(name, []).append(where)
+    # The job variable's values come from a metric too.
+    for variable in dashboard()["templating"]["list"]:
+        query = variable.get("query")
+        if isinstance(query, dict):
+            query = query.get("query", "")
+        if isinstance(query, str) and query.startswith("label_values("):
+            (name,) = re.findall(r"label_values\((\w+)", query)
+            used.setdefault(name, []).append(f"variable {variable['name']}")
+    missing = {name: where for name, where in used.items() if name not in exported}
+    assert not missing, f"not on the aggregator's /metrics: {missing}"
