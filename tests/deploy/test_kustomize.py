@@ -49,15 +49,18 @@ REQUIRED = [
     "deploy/base/serve-service",
     "deploy/overlays/label-mode",
     "deploy/overlays/readiness-gate-mode",
+    "deploy/overlays/shadow-mode",
     "deploy/examples/rayservice-sidecar",
     "deploy/examples/rayservice-readiness-gate",
 ]
 OVERLAYS = ["deploy/overlays/label-mode", "deploy/overlays/readiness-gate-mode"]
 EXAMPLES = ["deploy/examples/rayservice-sidecar", "deploy/examples/rayservice-readiness-gate"]
+SHADOW = "deploy/overlays/shadow-mode"  # one replica: OVERLAYS' leader-election test is not for it
 WITH_OUR_CONTAINERS = [
     "deploy/base/aggregator",
     "deploy/base/agent-daemonset",
     *OVERLAYS,
+    SHADOW,
     *EXAMPLES,
 ]
 
@@ -126,7 +129,7 @@ def test_every_component_is_rendered_by_some_kustomization() -> None:
         assert (ROOT / component).resolve() in used, f"no kustomization uses {component}"
 
 
-@pytest.mark.parametrize("directory", OVERLAYS)
+@pytest.mark.parametrize("directory", [*OVERLAYS, SHADOW])
 def test_overlay_puts_everything_in_one_namespace(directory: str) -> None:
     objects = render(directory)
     find(objects, "Namespace", NAMESPACE)
@@ -203,6 +206,15 @@ def test_aggregator_runs_a_leader_and_a_standby_with_native_grpc_probes(director
 def test_label_mode_overlay_writes_the_label() -> None:
     container = aggregator_container("deploy/overlays/label-mode")
     assert env_value(container, "SERVE_HEALTH_MODE") == "label"
+
+
+def test_shadow_mode_overlay_is_label_mode_in_dry_run_on_one_replica_without_a_lease() -> None:
+    deployment = find(render(SHADOW), "Deployment", AGGREGATOR)
+    assert deployment["spec"]["replicas"] == 1
+    container = aggregator_container(SHADOW)
+    assert env_value(container, "SERVE_HEALTH_MODE") == "label"
+    assert env_value(container, "SERVE_HEALTH_DRY_RUN") == "true"
+    assert env_value(container, "SERVE_HEALTH_LEADER_ELECT") == "false"  # a Lease is a write
 
 
 def test_readiness_gate_overlay_writes_the_condition_its_example_gates_on() -> None:
