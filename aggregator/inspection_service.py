@@ -11,10 +11,11 @@ from collections.abc import AsyncIterator, Callable
 
 import grpc
 
-from aggregator import wire
+from aggregator import override, wire
 from aggregator.call_bookkeeping import CallsInFlight
 from aggregator.core import Core
 from aggregator.guard import Guard
+from aggregator.registry import PodRegistry
 from aggregator.report_service import SHUTDOWN_MESSAGE
 from aggregator.shadow import Disagreements, ShadowView
 from aggregator.tracker import PodRecord
@@ -41,6 +42,7 @@ class InspectionService(pb_grpc.InspectionServiceServicer):
         *,
         guard: Guard | None = None,
         shadow: ShadowView | None = None,
+        registry: PodRegistry | None = None,
     ) -> None:
         self._core = core
         self._label_key = label_key
@@ -50,6 +52,8 @@ class InspectionService(pb_grpc.InspectionServiceServicer):
         self._calls = CallsInFlight()
         #: Shadow mode and drift: Pod.carried, Summary.dry_run and would_* (None: not shown).
         self._shadow = shadow
+        #: Manual overrides: Pod.override, its wanted value and reason; Summary.overridden_*.
+        self._registry = registry
 
     async def idle(self) -> None:
         """Until no inspection call is in flight (a drain waits for them)."""
@@ -68,6 +72,12 @@ class InspectionService(pb_grpc.InspectionServiceServicer):
         message = wire.pod_message(record, now, wall)
         if self._shadow is not None:
             message.carried = self._shadow.carried(record.key)
+        if self._registry is not None:
+            found = self._registry.override(record.key)
+            if found.label is not None:  # the probed state stays; the rest says "override"
+                message.override = str(found.value)
+                message.desired_label = found.label
+                message.reason = override.reason(found, record.reason)
         return message
 
     async def ListPods(
@@ -111,6 +121,7 @@ class InspectionService(pb_grpc.InspectionServiceServicer):
         await self._begin(context)
         summary = self._core.summary()
         shadow = self._shadow.disagreements() if self._shadow else Disagreements()
+        overridden = self._registry.overrides() if self._registry else {}
         return pb.Summary(
             pods=sum(summary.counts.values()),
             pods_by_state={
@@ -124,6 +135,8 @@ class InspectionService(pb_grpc.InspectionServiceServicer):
             dry_run=self._shadow is not None and self._shadow.dry_run,
             would_enter=shadow.would_enter,
             would_leave=shadow.would_leave,
+            overridden_out_of_service=overridden.get(override.OUT_OF_SERVICE, 0),
+            overridden_in_service=overridden.get(override.IN_SERVICE, 0),
         )
 
     async def WatchTransitions(

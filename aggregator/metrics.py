@@ -8,6 +8,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from aggregator.override import VALUES as OVERRIDE_VALUES
 from aggregator.shadow import Disagreements
 from servehealth_common.states import ServeState
 
@@ -45,6 +46,25 @@ class _Disagreements(Collector):
         counts = self._counts()
         family.add_metric(["in"], counts.would_enter)
         family.add_metric(["out"], counts.would_leave)
+        yield family
+
+
+class _Overrides(Collector):
+    """``serve_health_overrides{value}``, counted at scrape time."""
+
+    def __init__(self, counts: Callable[[], dict[str, int]]) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            f"{PREFIX}_overrides",
+            "Pods whose ray-serve-health/override annotation is honoured, by value "
+            "(out-of-service, in-service).",
+            labels=["value"],
+        )
+        counts = self._counts()
+        for value in OVERRIDE_VALUES:
+            family.add_metric([value], counts.get(value, 0))
         yield family
 
 
@@ -233,6 +253,10 @@ class Metrics:
         """``serve_health_shadow_disagreements{direction}``: pods carrying another value than
         the aggregator would write, ``in`` (would_enter) and ``out`` (would_leave)."""
         self.registry.register(_Disagreements(counts))
+
+    def track_overrides(self, counts: Callable[[], dict[str, int]]) -> None:
+        """``serve_health_overrides{value}``: pods whose override is honoured, by value."""
+        self.registry.register(_Overrides(counts))
 
     def track_writer(self, pending: Callable[[], int]) -> None:
         gauge = Gauge(

@@ -13,6 +13,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
+from aggregator.override import NONE, Override
 from aggregator.serve_view import UNKNOWN, ProxyIntent
 from aggregator.shadow import Target, WouldBeWrites
 from aggregator.tracker import StateChange
@@ -84,6 +85,19 @@ class PodRegistry(abc.ABC):
 
     def forget(self, key: PodKey) -> None:  # noqa: B027 - optional hook
         """The core no longer tracks ``key``."""
+
+    def override(self, key: PodKey) -> Override:
+        """The pod's manual override (:mod:`aggregator.override`; none without annotations)."""
+        return NONE
+
+    def overrides(self) -> dict[str, int]:
+        """Pods whose override is honoured, by value."""
+        return {}
+
+    def wanted(self, key: PodKey, health: str | None) -> str | None:
+        """What the pod should carry, given what its health wants (``health``; None: leave
+        it): the override's value where it has one."""
+        return health
 
     def targets(self, key: PodKey, wanted: str) -> list[Target]:
         """Each thing the aggregator writes to the pod: its kind, what the pod carries now, and

@@ -294,12 +294,16 @@ def make_shadow(
 ) -> ShadowView:
     """The disagreement figures (any mode: drift), their metrics, and shadow mode's notice."""
     shadow = ShadowView(
-        flags.dry_run, lambda: (r.key for r in core.pods()), core.desired_label, registry.targets
+        flags.dry_run,
+        lambda: (r.key for r in core.pods()),
+        lambda key: registry.wanted(key, core.desired_label(key)),  # overrides included
+        registry.targets,
     )
     metrics.dry_run.set(1 if flags.dry_run else 0)
     for kind in WOULD_BE_KINDS:
         metrics.would_be_writes.labels(kind)  # 0 until counted, so dashboards see every kind
     metrics.track_disagreements(shadow.disagreements)
+    metrics.track_overrides(registry.overrides)
     if flags.dry_run:
         log.warning(
             "--dry-run: SHADOW MODE. Every decision is made as usual, but nothing is written "
@@ -353,6 +357,7 @@ def build_aggregator(
             flags.label_key,
             guard=guard if flags.inspection_auth == "tokenreview" else None,
             shadow=shadow,
+            registry=registry,
         ),
         metrics_server=(
             MetricsServer(

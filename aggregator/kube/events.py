@@ -1,6 +1,7 @@
 """Kubernetes Events on pods whose serve label (or condition) changes (best effort,
 rate-limited): ``ServeHealthy``, ``ServeUnhealthy``, and ``ServeNoProxyByDesign`` (Normal: a pod
-where Serve runs no proxy by design)."""
+where Serve runs no proxy by design); and on the manual override: ``ServeOverrideApplied``,
+``ServeOverrideRemoved`` (Normal), ``ServeOverrideIgnored`` (Warning: a value that is not one)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from aiolimiter import AsyncLimiter
 
 from aggregator.kube.api import KubeApi
 from aggregator.metrics import Metrics
+from aggregator.override import OverrideChange
 from aggregator.tracker import StateChange
 from servehealth_common.kube.errors import APIError
 from servehealth_common.pod_identity import PodInfo
@@ -28,6 +30,16 @@ def event_body(pod: PodInfo, transition: StateChange) -> dict[str, object]:
         reason, kind = "ServeNoProxyByDesign", "Normal"
     else:
         reason, kind = ("ServeHealthy", "Normal") if serving else ("ServeUnhealthy", "Warning")
+    message = f"Serve proxy {transition.old.name} -> {transition.new.name}: {transition.reason}"
+    return note_body(pod, reason, message, kind)
+
+
+def override_body(pod: PodInfo, change: OverrideChange) -> dict[str, object]:
+    reason = f"ServeOverride{change.kind.capitalize()}"
+    return note_body(pod, reason, change.message, "Warning" if change.warning else "Normal")
+
+
+def note_body(pod: PodInfo, reason: str, message: str, kind: str) -> dict[str, object]:
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     return {
         "metadata": {"generateName": f"{pod.key.name}.", "namespace": pod.key.namespace},
@@ -39,9 +51,7 @@ def event_body(pod: PodInfo, transition: StateChange) -> dict[str, object]:
             "uid": pod.uid,
         },
         "reason": reason,
-        "message": (
-            f"Serve proxy {transition.old.name} -> {transition.new.name}: {transition.reason}"
-        )[:1024],
+        "message": message[:1024],
         "type": kind,
         "source": {"component": COMPONENT},
         "reportingComponent": COMPONENT,
@@ -67,23 +77,29 @@ class EventRecorder:
         self._waiting = 0
 
     def record(self, pod: PodInfo, transition: StateChange) -> None:
+        self._record(pod, event_body(pod, transition))
+
+    def record_override(self, pod: PodInfo, change: OverrideChange) -> None:
+        self._record(pod, override_body(pod, change))
+
+    def _record(self, pod: PodInfo, body: dict[str, object]) -> None:
         # Tokens are taken when a send starts: count the sends already waiting for one, or a
         # burst of transitions would queue instead of being dropped.
         if not self._limiter.has_capacity(self._waiting + 1):
             self._metrics.events.labels("dropped").inc()
             return
         self._waiting += 1
-        task = asyncio.create_task(self._send(pod, transition))
+        task = asyncio.create_task(self._send(pod, body))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _send(self, pod: PodInfo, transition: StateChange) -> None:
+    async def _send(self, pod: PodInfo, body: dict[str, object]) -> None:
         try:
             await self._limiter.acquire()
         finally:
             self._waiting -= 1
         try:
-            await self._api.create_event(pod.key.namespace, event_body(pod, transition))
+            await self._api.create_event(pod.key.namespace, body)
         except APIError as error:
             self._metrics.events.labels("error").inc()
             log.warning("event for pod %s not recorded: %s", pod.key, error)

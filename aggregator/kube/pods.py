@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from aggregator.override import ANNOTATION, NONE, Override
 from aggregator.write_rule import condition_value
 from servehealth_common.kube.pods import SERVE_GRPC_PORT_NAME, named_port, serve_port
 from servehealth_common.pod_identity import PodInfo, PodKey
@@ -26,6 +27,8 @@ class KubePod:
     #: :data:`~aggregator.write_rule.NO_PROXY_BY_DESIGN` (True with that reason)
     conditions: dict[str, str]
     dashboard_port: int = 0  # the container port named "dashboard" (0: none)
+    #: Its ray-serve-health/override annotation, as read.
+    override: Override = NONE
 
     @property
     def key(self) -> PodKey:
@@ -65,4 +68,5 @@ def parse_pod(pod: dict[str, Any], default_port: int) -> KubePod:
             for c in status.get("conditions") or []
         },
         dashboard_port=named_port(pod, DASHBOARD_PORT_NAME, 0),
+        override=Override.parse((metadata.get("annotations") or {}).get(ANNOTATION)),
     )

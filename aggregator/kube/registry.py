@@ -1,4 +1,9 @@
-"""The Kubernetes pod registry: discovery in, label (and condition) writes and events out."""
+"""The Kubernetes pod registry: discovery in, label (and condition) writes and events out.
+
+A pod's ``ray-serve-health/override`` annotation (:mod:`aggregator.override`) overrules what
+its health wants: every write of the pod goes through :meth:`KubeRegistry.wanted`, whatever
+asked for it (a transition, the watch's drift repair, the end of PANIC), and an annotation
+added, removed or changed is applied at once from the watch, PANIC or not."""
 
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ from aggregator.kube.pods import KubePod, parse_pod
 from aggregator.kube.shadow import ShadowEvents, ShadowWriter
 from aggregator.kube.writer import Writer, WriterSettings
 from aggregator.metrics import Metrics
+from aggregator.override import NONE, Override, change
 from aggregator.registry import PodRegistry, PodSink
 from aggregator.serve_view import UNKNOWN, ProxyIntent, proxy_meant
 from aggregator.serve_view_poller import (
@@ -160,11 +166,13 @@ class KubeRegistry(PodRegistry):
         return pod.key in self._pods
 
     def desire(self, key: PodKey, value: str, transition: StateChange | None = None) -> None:
-        """Hand the writer every target that must say ``value`` (it writes only those that
+        """Hand the writer every target that must say ``value`` (an override's value instead,
+        if the pod has one; the writer writes only what
         :func:`~aggregator.write_rule.write_needed` calls for); an Event if anything moves."""
         pod = self._pods.get(key)
         if pod is None:
             return
+        value = pod.override.label or value
         moves = False
         if self.settings.writes_label:
             moves |= self.writer.want(key, WriteKind.LABEL, value)
@@ -178,9 +186,25 @@ class KubeRegistry(PodRegistry):
             self.events.record(pod.info, transition)
 
     def _condition(self, key: PodKey, label: str) -> str:
-        """The condition that goes with ``label``: True for a pod with no proxy by design."""
+        """The condition that goes with ``label``: True for a pod with no proxy by design
+        (unless an override decides)."""
         assert self._sink is not None
-        return condition_status(label, by_design=self._sink.no_proxy_by_design(key))
+        pod = self._pods.get(key)
+        overridden = pod is not None and pod.override.value is not None
+        by_design = not overridden and self._sink.no_proxy_by_design(key)
+        return condition_status(label, by_design=by_design)
+
+    def override(self, key: PodKey) -> Override:
+        pod = self._pods.get(key)
+        return pod.override if pod is not None else NONE
+
+    def overrides(self) -> dict[str, int]:
+        """Pods whose override is honoured, by value."""
+        counts: dict[str, int] = {}
+        for pod in self._pods.values():
+            if pod.override.value is not None:
+                counts[pod.override.value] = counts.get(pod.override.value, 0) + 1
+        return counts
 
     def _told(self, transition: StateChange) -> bool:
         """Whether ``transition`` changes what the pod is told: its label, or its condition
@@ -265,16 +289,40 @@ class KubeRegistry(PodRegistry):
         self._sink.pod_seen(pod.info, label, by_design=by_design)
         if pod.head and pod.cluster:
             self.serve_views.head_seen((pod.key.namespace, pod.cluster), self._dashboard(pod))
+        before = known.override if known is not None else None
         # Someone else may have changed the label (or the condition): the writer puts back
         # what we want wherever write_needed says it differs. A condition nobody wrote yet is
-        # not drift: it is written with the pod's first transition.
-        wanted = self._sink.desired_label(pod.key)
-        if wanted is None:
+        # not drift: it is written with the pod's first transition (or its override).
+        wanted = self.wanted(pod.key, self._sink.desired_label(pod.key))
+        moves = False
+        if wanted is not None:
+            if self.settings.writes_label:
+                moves |= self.writer.want(pod.key, WriteKind.LABEL, wanted)
+            if gated and (
+                self.carried(pod.key, WriteKind.CONDITION) is not None
+                or pod.override.value is not None
+            ):
+                condition = self._condition(pod.key, wanted)
+                moves |= self.writer.want(pod.key, WriteKind.CONDITION, condition)
+        if pod.override != before:
+            self._override_changed(pod, before, moves)
+
+    def wanted(self, key: PodKey, health: str | None) -> str | None:
+        """What the pod should carry: its override's value, else ``health`` (what the core
+        wants; None: leave it)."""
+        pod = self._pods.get(key)
+        return (pod.override.label or health) if pod is not None else health
+
+    def _override_changed(self, pod: KubePod, before: Override | None, moves: bool) -> None:
+        """An Event and a log line for an override applied, removed or ignored. A pod seen for
+        the first time (a restart) gets one only if its override moves something."""
+        found = change(before or NONE, pod.override)
+        if found is None or (before is None and found.kind == "applied" and not moves):
             return
-        if self.settings.writes_label:
-            self.writer.want(pod.key, WriteKind.LABEL, wanted)
-        if gated and self.carried(pod.key, WriteKind.CONDITION) is not None:
-            self.writer.want(pod.key, WriteKind.CONDITION, self._condition(pod.key, wanted))
+        log_at = logging.WARNING if found.warning else logging.INFO
+        log.log(log_at, "pod %s: %s", pod.key, found.message)
+        if self.events is not None:
+            self.events.record_override(pod.info, found)
 
     def _delete(self, key: PodKey) -> None:
         self._pods.pop(key, None)

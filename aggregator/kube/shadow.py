@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 
 from aggregator.kube.writer import PodCopies
+from aggregator.override import OverrideChange
 from aggregator.shadow import WouldBeWrites
 from aggregator.tracker import StateChange
 from aggregator.write_rule import WriteKind
@@ -46,6 +47,9 @@ class ShadowEvents:
 
     def record(self, pod: PodInfo, transition: StateChange) -> None:
         self._would_be.event(pod.key, f"{transition.old.name} -> {transition.new.name}")
+
+    def record_override(self, pod: PodInfo, change: OverrideChange) -> None:
+        self._would_be.event(pod.key, f"override {change.kind}")
 
     async def stop(self) -> None:
         """Nothing in flight."""
