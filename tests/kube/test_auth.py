@@ -23,7 +23,8 @@ import os
 import pathlib
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+import threading
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import grpc
@@ -82,6 +83,7 @@ async def channel(start_auth: StartAggregator) -> AsyncIterator[grpc.aio.Channel
     aggregator = await start_auth()
     async with grpc.aio.insecure_channel(f"127.0.0.1:{aggregator.port}") as channel:
         channel.aggregator = aggregator  # type: ignore[attr-defined]
+        channel.aggregator = aggregator  # type: ignore[attr-defined]
         yield channel
 
 
@@ -116,10 +118,35 @@ async def connect(
 
 async def refusal(
     channel: grpc.aio.Channel, message: pb.AgentMessage, token: str | None
-) -> grpc.aio.AioRpcError:
-    with pytest.raises(grpc.aio.AioRpcError) as raised:
-        await connect(channel, message, token)
-    return raised.value
+) -> grpc.RpcError:
+    """The status a Report stream that says ``message`` with ``token`` is refused with.
+
+    Asked with grpc's synchronous client, in a thread: the asyncio client may replace a status
+    that arrives while its write of the hello is in flight (the aggregator checks the token
+    before it reads the hello) with INTERNAL "Internal error from Core" (grpc/grpc#36066, seen
+    here under load).
+    """
+    aggregator: Aggregator = channel.aggregator  # type: ignore[attr-defined]
+
+    answered = threading.Event()
+
+    def hello_then_wait() -> Iterator[pb.AgentMessage]:
+        yield message
+        answered.wait(30)  # no half-close before the aggregator answered
+
+    def ask() -> grpc.RpcError:
+        with grpc.insecure_channel(f"127.0.0.1:{aggregator.port}") as sync_channel:
+            stub = pb_grpc.ReportServiceStub(sync_channel)
+            responses = stub.Report(hello_then_wait(), metadata=bearer(token), timeout=20)
+            try:
+                first = next(responses)
+            except grpc.RpcError as error:
+                return error
+            finally:
+                answered.set()
+            raise AssertionError(f"not refused: {first}")
+
+    return await asyncio.to_thread(ask)
 
 
 def sidecar_hello(kube: KubeEmulator, name: str = "p1") -> pb.AgentMessage:
@@ -234,6 +261,7 @@ async def test_daemonset_agents_need_the_kubernetes_backend(
         auth_node_agent_service_account=("/".join(NODE_AGENT_SA),),
     )
     async with grpc.aio.insecure_channel(f"127.0.0.1:{aggregator.port}") as channel:
+        channel.aggregator = aggregator  # type: ignore[attr-defined]
         call = await connect(channel, sidecar_hello(kube), sidecar_token(kube))
         call.cancel()
         error = await refusal(channel, node_hello("n1"), node_token(kube))
@@ -400,6 +428,7 @@ async def test_inspection_behind_tokens_and_health_open(
     aggregator = await start_auth(auth="none", inspection_auth="tokenreview")
     viewer = kube.issue_token("ops", "viewer")  # kubectl create token viewer --audience ...
     async with grpc.aio.insecure_channel(f"127.0.0.1:{aggregator.port}") as channel:
+        channel.aggregator = aggregator  # type: ignore[attr-defined]
         inspection = pb_grpc.InspectionServiceStub(channel)
         for token in (None, kube.issue_token("ops", "viewer", audiences=["vault"])):
             with pytest.raises(grpc.aio.AioRpcError) as raised:
@@ -473,6 +502,7 @@ async def test_a_hanging_token_review_is_bounded_and_unavailable(
     token = sidecar_token(kube)
     loop = asyncio.get_running_loop()
     async with grpc.aio.insecure_channel(f"127.0.0.1:{aggregator.port}") as channel:
+        channel.aggregator = aggregator  # type: ignore[attr-defined]
         started = loop.time()
         error = await refusal(channel, sidecar_hello(kube), token)
         took = loop.time() - started
