@@ -152,6 +152,7 @@ async def test_in_service_keeps_a_failing_pod_in_until_it_is_removed(
 
     annotate(kube_emulator, "pod-a", None)  # the health decides again: out
     await kube_emulator.wait_until(lambda: in_service(kube_emulator, "pod-a", mode) is False)
+    await eventually(lambda: len(override_events(kube_emulator)) == 2)  # Events are sent apart
     assert [reason for reason, _, _ in override_events(kube_emulator)] == [
         "ServeOverrideApplied",
         "ServeOverrideRemoved",
