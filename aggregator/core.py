@@ -90,6 +90,7 @@ class Core:
         self._resync = ResyncSchedule(settings.resync)
         tracker.allow_silence(self._resync.kept_ttl)
         self._reports = metrics.reports
+        self._report_latency = metrics.report_probe_latency
         metrics.track_pods(tracker.counts)
         metrics.track_pull_mode(self.pods_in_pull_mode)
 
@@ -142,6 +143,7 @@ class Core:
         if key not in tracker:
             self._admit(PodInfo(key))
         self._reports.inc()
+        self._report_latency.observe(observation.latency)
         if observation.state is ServeState.NO_PROXY:
             observation = self._judged(key, observation)
         transition = tracker.observe(key, observation, stream, kept=self._agents.get(stream, False))

@@ -197,6 +197,23 @@ class Metrics:
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
             registry=r,
         )
+        self.report_probe_latency = Histogram(
+            f"{PREFIX}_report_probe_seconds",
+            "Probe latency the agents report: their probe of the Serve proxy (HTTP, and gRPC "
+            "with gRPC ingress; a confirmed failure counts both probes).",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+            registry=r,
+        )
+        self.write_delay = Histogram(
+            f"{PREFIX}_write_delay_seconds",
+            "From a decision to its label or condition write landing in the API (queue, rate "
+            "limit and retries included): the aggregator's share of detection latency.",
+            ["kind"],
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 120.0),
+            registry=r,
+        )
+        for kind in ("label", "condition"):  # every series from the start, for dashboards
+            self.write_delay.labels(kind)
         self.panic = Gauge(
             f"{PREFIX}_panic",
             "1 while the aggregator suspects itself and holds writes that remove pods.",

@@ -19,6 +19,7 @@ import contextlib
 import datetime
 import logging
 import random
+import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -88,6 +89,8 @@ class Writer:
         self._in_flight: set[Target] = set()
         self._retries: dict[Target, asyncio.TimerHandle] = {}
         self._attempts: dict[Target, int] = {}
+        #: When each pending target was first wanted (for serve_health_write_delay_seconds).
+        self._since: dict[Target, float] = {}
 
     # -- what the registry calls --------------------------------------------------------
 
@@ -100,6 +103,8 @@ class Writer:
             return False
         if message is None:
             message = pending[1] if pending is not None else ""
+        if pending is None:
+            self._since[target] = time.monotonic()
         self._wanted[target] = (value, message)
         self._enqueue(target)
         return True
@@ -109,6 +114,7 @@ class Writer:
             target = (key, kind)
             self._wanted.pop(target, None)
             self._attempts.pop(target, None)
+            self._since.pop(target, None)
             handle = self._retries.pop(target, None)
             if handle is not None:
                 handle.cancel()
@@ -166,6 +172,7 @@ class Writer:
         if not write_needed(target[1], self._pods.carried(*target), wanted[0]):
             del self._wanted[target]
             self._attempts.pop(target, None)
+            self._since.pop(target, None)
             return True
         return False
 
@@ -207,6 +214,9 @@ class Writer:
         self._pods.written(key, kind, value, pod)
         if self._wanted.get(target, (None,))[0] == value:
             del self._wanted[target]
+            since = self._since.pop(target, None)
+            if since is not None:
+                self._metrics.write_delay.labels(kind.value).observe(time.monotonic() - since)
         return None
 
     async def _send(self, key: PodKey, kind: WriteKind, value: str, message: str) -> dict[str, Any]:

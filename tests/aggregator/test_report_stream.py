@@ -7,6 +7,7 @@ import asyncio
 
 import grpc
 import pytest
+from google.protobuf import duration_pb2
 
 from aggregator.server import Aggregator
 from aggregator.write_rule import WriteKind
@@ -30,9 +31,21 @@ async def test_hello_gets_settings_then_reports_get_acks(
     await call.write(hello())
     settings = await call.read()
     assert settings.settings.heartbeat_interval.ToNanoseconds() == 1_000_000_000
-    await call.write(report(pb.SERVE_STATE_SERVING, 7, "success", http_status=200))
+    await call.write(
+        report(
+            pb.SERVE_STATE_SERVING,
+            7,
+            "success",
+            http_status=200,
+            probe_latency=duration_pb2.Duration(nanos=3_000_000),
+        )
+    )
     ack = await call.read()
     assert ack.ack.sequence == 7
+    # The probe latency it reported: in the histogram's 5 ms bucket, not in the 2.5 ms one.
+    sample = aggregator.metrics.registry.get_sample_value
+    assert sample("serve_health_report_probe_seconds_bucket", {"le": "0.005"}) == 1
+    assert sample("serve_health_report_probe_seconds_bucket", {"le": "0.0025"}) == 0
     record = aggregator.core.pod(PodKey("default", "pod-a"))
     assert record is not None
     assert (record.state, record.reason, record.http_status) == (ServeState.SERVING, "success", 200)

@@ -192,12 +192,17 @@ def test_dashboard_covers_what_the_issue_asks() -> None:
     for metric in (
         "serve_health_pods",
         "serve_health_transitions_total",
-        "serve_health_pull_probe_seconds_bucket",
+        "serve_health_pull_probe_seconds_bucket",  # probe latency: the aggregator's own
+        "serve_health_report_probe_seconds_bucket",  # and the agents'
+        "serve_health_write_delay_seconds_bucket",  # detection: the aggregator's share
         "serve_health_label_writes_total",
         "serve_health_api_retries_total",
         "serve_health_panic",
         "serve_health_agents_connected",
         "serve_health_pods_in_pull_mode",
+        "serve_health_shadow_disagreements",
+        "serve_health_would_be_writes_total",
+        "serve_health_overrides",
     ):
         assert re.search(rf"\b{metric}\b", queries), metric
 

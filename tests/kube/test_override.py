@@ -106,6 +106,16 @@ async def test_out_of_service_takes_a_healthy_pod_out_and_back(
     await kube_emulator.wait_until(lambda: in_service(kube_emulator, "pod-a", mode) is False)
     await eventually(lambda: len(override_events(kube_emulator)) == 1)
     assert override_events(kube_emulator) == [("ServeOverrideApplied", "Normal", "pod-a")]
+    # Each write that landed was timed from its decision (the first one too).
+    kind = "label" if mode != "condition" else "condition"
+    await eventually(
+        lambda: (
+            aggregator.metrics.registry.get_sample_value(
+                "serve_health_write_delay_seconds_count", {"kind": kind}
+            )
+            == 2
+        )
+    )
     pod, summary = await inspect(aggregator, "pod-a")
     assert pod.state == pb.SERVE_STATE_SERVING  # the probed state stays visible
     assert pod.override == "out-of-service"
