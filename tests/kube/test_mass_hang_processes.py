@@ -9,16 +9,15 @@ randomized trials with a simulated clock are in tests/unit/test_panic_trials.py.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
 
-from bench import harness
 from tests.conftest import eventually
 from tests.fakes import FakeServeProxy
 from tests.kube.emulator import KubeEmulator
+from tests.kube.fleet import fleet
 
 PODS = 12
 AGENTS = 4  # pods 0-3 have a sidecar agent; 4-11 are pulled
@@ -61,35 +60,16 @@ async def test_a_mass_hang_removes_no_pod_and_a_lone_one_leaves(
         ]
         for i, proxy in enumerate(proxies)
     ]
-    processes: list[harness.Process] = []
-    try:
-        aggregator = await asyncio.to_thread(
-            harness.start_aggregator,
-            tmp_path,
-            None,
-            ["--kube-backend", "kubernetes", "--kubeconfig", str(kubeconfig_path)],
-        )
-        processes.append(aggregator)
-        for i in range(AGENTS):
-            identity = harness.PodIdentity("default", f"pod-{i}", uids[i], "node-1")
-            processes.append(
-                await asyncio.to_thread(
-                    harness.start_agent,
-                    tmp_path,
-                    aggregator.address,
-                    proxies[i].port,
-                    identity,
-                    name=f"agent-{i}",
-                )
-            )
+    async with fleet(
+        tmp_path,
+        ["--kube-backend", "kubernetes", "--kubeconfig", str(kubeconfig_path)],
+        proxies,
+        uids,
+        AGENTS,
+    ) as running:
         await kube.wait_until(lambda: labels(kube) == ["true"] * PODS, within=30)
 
-        async def metric(name: str) -> float:
-            port = aggregator.metrics_port
-            return await asyncio.to_thread(harness.metric_value, port, name) or 0.0
-
-        async def metric_is(name: str, value: float) -> bool:
-            return await metric(name) == value
+        metric, metric_is = running.metric, running.metric_is
 
         mark = kube.checkpoint()
         for i in HUNG:
@@ -124,6 +104,3 @@ async def test_a_mass_hang_removes_no_pod_and_a_lone_one_leaves(
         await kube.wait_until(lambda: labels(kube)[3] == "false", within=30)
         assert removals(kube, since=mark) == ["pod-3"]
         assert await metric("serve_health_panic") == 0
-    finally:
-        for process in reversed(processes):
-            await asyncio.to_thread(process.stop)

@@ -7,19 +7,18 @@ the API receives not one write request of any kind (no POST, PUT, PATCH or DELET
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
 import pytest
 
-from bench import harness
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
 from tests.conftest import eventually
 from tests.fakes import DRAINING, HEALTHY, FakeServeProxy
 from tests.kube.emulator import KubeEmulator
+from tests.kube.fleet import fleet
 
 PODS = 9  # pod-8 appears later
 AGENTS = 4  # pods 0-3 have a sidecar agent; the others are pulled
@@ -55,42 +54,24 @@ async def test_shadow_mode_decides_everything_and_writes_nothing(
 ) -> None:
     kube = kube_emulator
     uids = [add_pod(kube, i, proxies[i]) for i in range(PODS - 1)]
-    processes: list[harness.Process] = []
-    try:
-        aggregator = await asyncio.to_thread(
-            harness.start_aggregator,
-            tmp_path,
-            None,
-            [
-                "--kube-backend=kubernetes",
-                f"--kubeconfig={kubeconfig_path}",
-                "--dry-run=true",
-                "--pull-interval=1s",
-                "--log-level=debug",
-            ],
-        )
-        processes.append(aggregator)
-        for i in range(AGENTS):
-            identity = harness.PodIdentity("default", f"pod-{i}", uids[i], "node-1")
-            processes.append(
-                await asyncio.to_thread(
-                    harness.start_agent,
-                    tmp_path,
-                    aggregator.address,
-                    proxies[i].port,
-                    identity,
-                    name=f"agent-{i}",
-                )
-            )
+    async with fleet(
+        tmp_path,
+        [
+            "--kube-backend=kubernetes",
+            f"--kubeconfig={kubeconfig_path}",
+            "--dry-run=true",
+            "--pull-interval=1s",
+            "--log-level=debug",
+        ],
+        proxies,
+        uids,
+        AGENTS,
+    ) as running:
+        aggregator = running.aggregator
         channel = grpc.aio.insecure_channel(aggregator.address)
         stub = pb_grpc.InspectionServiceStub(channel)
 
-        async def metric(name: str) -> float:
-            port = aggregator.metrics_port
-            return await asyncio.to_thread(harness.metric_value, port, name) or 0.0
-
-        async def metric_is(name: str, value: float) -> bool:
-            return await metric(name) == value
+        metric, metric_is = running.metric, running.metric_is
 
         async def figures_are(enter: int, leave: int, *, serving: int | None = None) -> bool:
             summary = await stub.GetSummary(pb.GetSummaryRequest(), timeout=2)
@@ -146,9 +127,6 @@ async def test_shadow_mode_decides_everything_and_writes_nothing(
             None,
             None,
         ]
-    finally:
-        for process in reversed(processes):
-            await asyncio.to_thread(process.stop)
     log = (tmp_path / "aggregator.log").read_text()
     assert log.count("SHADOW MODE") == 1
     assert "dry run: would write label 'false' on pod default/pod-0" in log
