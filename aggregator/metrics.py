@@ -207,7 +207,8 @@ class Metrics:
         self.write_delay = Histogram(
             f"{PREFIX}_write_delay_seconds",
             "From a decision to its label or condition write landing in the API (queue, rate "
-            "limit and retries included): the aggregator's share of detection latency.",
+            "limit and retries included; a newer value wanted before it landed extends the "
+            "same write): the aggregator's share of detection latency.",
             ["kind"],
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 120.0),
             registry=r,

@@ -21,7 +21,7 @@ from aggregator.kube.pods import KubePod, parse_pod
 from aggregator.kube.shadow import ShadowEvents, ShadowWriter
 from aggregator.kube.writer import Writer, WriterSettings
 from aggregator.metrics import Metrics
-from aggregator.override import NONE, Override, change
+from aggregator.override import ANNOTATION, NONE, Override, change
 from aggregator.registry import PodRegistry, PodSink
 from aggregator.serve_view import UNKNOWN, ProxyIntent, proxy_meant
 from aggregator.serve_view_poller import (
@@ -177,8 +177,8 @@ class KubeRegistry(PodRegistry):
         if self.settings.writes_label:
             moves |= self.writer.want(key, WriteKind.LABEL, value)
         if self.settings.writes_condition and self.settings.condition_type in pod.readiness_gates:
-            message = None
-            if transition is not None:
+            message = _override_message(pod.override)
+            if message is None and transition is not None:
                 message = f"{transition.new.name}: {transition.reason}"[:512]
             condition = self._condition(key, value)
             moves |= self.writer.want(key, WriteKind.CONDITION, condition, message)
@@ -303,7 +303,8 @@ class KubeRegistry(PodRegistry):
                 or pod.override.value is not None
             ):
                 condition = self._condition(pod.key, wanted)
-                moves |= self.writer.want(pod.key, WriteKind.CONDITION, condition)
+                message = _override_message(pod.override)
+                moves |= self.writer.want(pod.key, WriteKind.CONDITION, condition, message)
         if pod.override != before:
             self._override_changed(pod, before, moves)
 
@@ -360,3 +361,10 @@ class KubeRegistry(PodRegistry):
     async def refresh(self, key: PodKey) -> None:
         body = await self.api.get_pod(key)
         self._upsert(parse_pod(body, self.settings.proxy_port))
+
+
+def _override_message(override: Override) -> str | None:
+    """The condition's message while an override decides (None: the transition's)."""
+    if override.value is None:
+        return None
+    return f"override {override.value} ({ANNOTATION}): the pod's health does not decide"
