@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -155,3 +156,20 @@ async def eventually(check: Callable[[], Any], timeout: float = 5.0, interval: f
         if loop.time() > deadline:
             raise AssertionError(f"condition not met within {timeout}s: {check}")
         await asyncio.sleep(interval)
+
+
+def require_haproxy() -> str:
+    """The system's haproxy (``scripts/bootstrap.sh`` installs Debian's as root). Without
+    one the test is skipped, saying why; in CI (``CI`` set) it fails: there it must run."""
+    from bench import ray_haproxy
+
+    binary = ray_haproxy.haproxy_binary()
+    if binary is None:
+        message = (
+            "haproxy is not installed: scripts/bootstrap.sh installs Debian's package "
+            "(apt-get install haproxy) when run as root"
+        )
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return binary

@@ -19,13 +19,13 @@ from pathlib import Path
 import grpc
 import pytest
 
-from bench import ray_haproxy
 from servehealth_common import classify
 from servehealth_common.grpc_healthz import GrpcHealthz
 from servehealth_common.http import HTTPClient
 from servehealth_common.probe import Prober, make_session
 from servehealth_common.states import ServeState
 from tests import fakes
+from tests.conftest import require_haproxy
 from tests.fakes import FakeGrpcServeProxy, FakeServeProxy, refused_port
 
 DEADLINE = 0.5
@@ -321,9 +321,7 @@ hdr grpc-message "This node is being drained." if {{ path /ray.serve.RayServeAPI
 def haproxy(tmp_path: Path) -> Iterator[dict[str, int]]:
     """A real HAProxy answering ``Healthz`` as the rules of Ray's HAProxy mode do
     (``HAPROXY_GRPC_HEALTHZ_RULES_TEMPLATE``): healthy, no backend up, draining."""
-    binary = ray_haproxy.haproxy_binary()
-    if binary is None:
-        pytest.skip("haproxy is not installed (scripts/bootstrap.sh installs it as root)")
+    binary = require_haproxy()
     ports = {name: fakes.free_port() for name in ("healthy", "no_backend", "draining")}
     config = tmp_path / "haproxy.cfg"
     config.write_text(HAPROXY_CONFIG.format(**ports))

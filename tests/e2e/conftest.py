@@ -17,6 +17,7 @@ import pytest
 from bench import harness, ray_haproxy
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth_common.states import ServeState
+from tests.conftest import require_haproxy
 
 
 @pytest.fixture(scope="session")
@@ -123,14 +124,8 @@ def ray_serve(serve_port: int, serve_grpc_port: int, ray_dashboard_port: int) ->
 
 @pytest.fixture(scope="session")
 def haproxy_binary() -> str:
-    """Debian's haproxy (``scripts/bootstrap.sh`` installs it as root); skips without one."""
-    binary = ray_haproxy.haproxy_binary()
-    if binary is None:
-        pytest.skip(
-            "haproxy is not installed: scripts/bootstrap.sh installs Debian's package "
-            "(apt-get install haproxy) when run as root"
-        )
-    return binary
+    """Debian's haproxy (``tests.conftest.require_haproxy``)."""
+    return require_haproxy()
 
 
 @pytest.fixture(scope="session")

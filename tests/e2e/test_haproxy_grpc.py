@@ -20,14 +20,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import jinja2
 import pytest
+from ray.serve._private import haproxy
+from ray.serve._private import haproxy_templates as templates
 
 from bench import harness
 from servehealth_common.states import ServeState
-
-jinja2 = pytest.importorskip("jinja2")
-haproxy = pytest.importorskip("ray.serve._private.haproxy")
-templates = pytest.importorskip("ray.serve._private.haproxy_templates")
 
 STATE_DEADLINE = 10.0
 

@@ -17,14 +17,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-import pytest
+import jinja2
+from ray.serve._private import haproxy
+from ray.serve._private import haproxy_templates as templates
 
 from servehealth_common import classify
 from servehealth_common.states import ServeState
-
-jinja2 = pytest.importorskip("jinja2")
-haproxy = pytest.importorskip("ray.serve._private.haproxy")
-templates = pytest.importorskip("ray.serve._private.haproxy_templates")
 
 HEALTHZ = "/-/healthz"
 
