@@ -398,12 +398,15 @@ def wait_connected(agent: Process, timeout: float = 20.0) -> None:
 # -- Ray Serve ----------------------------------------------------------------------------
 
 
-def start_ray(*, quiet: bool = False, attempts: int = 2, dashboard_port: int = 0) -> None:
+def start_ray(*, quiet: bool = False, attempts: int = 2, dashboard_port: int = 0) -> int:
     """A light local Ray instance: 2 CPUs, small object store, its node on 127.0.0.1; no
     dashboard, or one on ``127.0.0.1:dashboard_port`` (the Serve REST API is served there).
+    Returns the dashboard's port (0: none).
 
     ``ray.init`` is tried ``attempts`` times: rarely (2 of ~40 starts here, not reproducible on
-    demand) the raylet did not come up within Ray's own 30 s and ``ray.init`` gave up.
+    demand; more often with the dashboard on a loaded machine) the raylet did not come up
+    within Ray's own 30 s and ``ray.init`` gave up. The failed attempt's dashboard may live on
+    and keep its port: a retry takes a fresh one.
     """
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray
@@ -427,28 +430,14 @@ def start_ray(*, quiet: bool = False, attempts: int = 2, dashboard_port: int = 0
                 raise
             print(f"ray.init failed ({error}); trying again", file=sys.stderr, flush=True)
             if dashboard_port:
-                # The failed attempt's dashboard may still hold the port for a while.
-                wait_until_free(dashboard_port, timeout=30.0)
+                dashboard_port = free_port()
     if quiet:
         import logging
 
         import ray.serve  # configures the "ray.serve" logger on import: quiet it afterwards
 
         logging.getLogger(ray.serve.__name__).setLevel(logging.WARNING)
-
-
-def wait_until_free(port: int, timeout: float) -> None:
-    """Return once ``HOST:port`` can be bound, or after ``timeout`` (the caller's bind then
-    says what holds it)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with socket.socket() as probe:
-            try:
-                probe.bind((HOST, port))
-            except OSError:
-                time.sleep(0.2)
-            else:
-                return
+    return dashboard_port
 
 
 def stop_ray() -> None:

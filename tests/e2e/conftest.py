@@ -97,13 +97,19 @@ def serve_grpc_port() -> int:
 
 
 @pytest.fixture(scope="session")
-def ray_dashboard_port() -> int:
-    """The port of Ray's dashboard, where the Serve REST API answers."""
-    return harness.free_port()
+def ray_ports() -> dict[str, int]:
+    """Ports Ray took as it started (its dashboard's: a retried start takes a fresh one)."""
+    return {}
 
 
 @pytest.fixture(scope="session")
-def ray_serve(serve_port: int, serve_grpc_port: int, ray_dashboard_port: int) -> Iterator[int]:
+def ray_dashboard_port(ray_serve: int, ray_ports: dict[str, int]) -> int:
+    """The port of the session Ray's dashboard, where the Serve REST API answers."""
+    return ray_ports["dashboard"]
+
+
+@pytest.fixture(scope="session")
+def ray_serve(serve_port: int, serve_grpc_port: int, ray_ports: dict[str, int]) -> Iterator[int]:
     """A local Ray instance (its node on 127.0.0.1, its dashboard on ``ray_dashboard_port``)
     with Serve's HTTP proxy on ``127.0.0.1:serve_port`` and its gRPC proxy on
     ``serve_grpc_port``; yields the HTTP port.
@@ -114,7 +120,7 @@ def ray_serve(serve_port: int, serve_grpc_port: int, ray_dashboard_port: int) ->
 
     Torn down (Serve, then Ray) at the end of the session, whatever the tests did to Serve.
     """
-    harness.start_ray(dashboard_port=ray_dashboard_port)
+    ray_ports["dashboard"] = harness.start_ray(dashboard_port=harness.free_port())
     try:
         harness.start_serve(serve_port, grpc_port=serve_grpc_port, proxy_location="HeadOnly")
         yield serve_port
