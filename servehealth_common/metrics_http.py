@@ -4,13 +4,15 @@ Why hand-glued on h11: the runtime loads no aiohttp (h11 already carries the pro
 :mod:`servehealth_common.http`), and prometheus_client's ``start_http_server`` (http.server, a
 thread per connection) bounds nothing: not the connections open at once, not the time a
 request's head may take, not a client that never reads its answer. This one serves ``GET`` and
-``HEAD /metrics`` (query ignored; the format ``Accept`` asks for, by ``choose_encoder``), 404
-and 405 otherwise, with keep-alive, and bounds all three: a request must arrive within
-``header_timeout`` (of the connection, or of its first byte on a kept-alive one), an idle
-connection lives ``idle_timeout``, a write not taken within ``header_timeout`` closes its
-connection; past ``max_connections`` a connection is closed at once. A request body is dropped
-(413 beyond :data:`MAX_BODY_BYTES`); a malformed request gets h11's status hint (400, or 431 for
-a head over ``max_header_bytes``). Nothing a client can cause is logged above DEBUG.
+``HEAD /metrics`` (query ignored; the format ``Accept`` asks for, by ``choose_encoder``), and
+the health checks it is given (``/livez``, ``/readyz``: 200 ``ok`` or 503 with why, for the
+kubelet's probes, which stay plaintext when the gRPC port is TLS), 404 and 405 otherwise, with
+keep-alive, and bounds all three: a request must arrive within ``header_timeout`` (of the
+connection, or of its first byte on a kept-alive one), an idle connection lives
+``idle_timeout``, a write not taken within ``header_timeout`` closes its connection; past
+``max_connections`` a connection is closed at once. A request body is dropped (413 beyond
+:data:`MAX_BODY_BYTES`); a malformed request gets h11's status hint (400, or 431 for a head over
+``max_header_bytes``). Nothing a client can cause is logged above DEBUG.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from http import HTTPStatus
 
@@ -35,6 +37,8 @@ _READ_BYTES = 65536
 _TEXT = "text/plain; charset=utf-8"
 Headers = list[tuple[str, str]]
 Answer = tuple[int, Headers, bytes]  # status, headers, body
+#: A health check: None when healthy, else why not (one short line, sent with the 503).
+HealthCheck = Callable[[], str | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,9 +71,12 @@ class MetricsServer:
         registry: CollectorRegistry,
         settings: MetricsServerSettings,
         on_refused: Callable[[], None] = lambda: None,
+        checks: Mapping[str, HealthCheck] | None = None,
     ) -> None:
         self._registry = registry
         self._settings = settings
+        #: Path (``/readyz``) to its check: 200 ``ok`` while it returns None, else 503 and why.
+        self._checks = {path.encode(): check for path, check in (checks or {}).items()}
         #: Called for each connection closed at once (``max_connections`` open, or stopping).
         self._on_refused = on_refused
         self._server: asyncio.Server | None = None
@@ -197,10 +204,14 @@ class MetricsServer:
                     return None, True
 
     def _answer(self, request: h11.Request) -> Answer:
-        if request.target.partition(b"?")[0] != b"/metrics":
+        path = request.target.partition(b"?")[0]
+        check = self._checks.get(path)
+        if path != b"/metrics" and check is None:
             return 404, [("Content-Type", _TEXT)], b"Not Found\n"
         if request.method not in (b"GET", b"HEAD"):
             return 405, [("Content-Type", _TEXT), ("Allow", "GET, HEAD")], b"Method Not Allowed\n"
+        if check is not None:
+            return _health_answer(check)
         accept = b",".join(value for name, value in request.headers if name == b"accept")
         try:
             encoder, content_type = choose_encoder(accept.decode("latin-1"))
@@ -229,3 +240,16 @@ class MetricsServer:
         writer.write(b"".join(http.send(event) or b"" for event in events))
         async with asyncio.timeout(self._settings.header_timeout):
             await writer.drain()
+
+
+def _health_answer(check: HealthCheck) -> Answer:
+    """200 ``ok``, or 503 with the check's reason (a failing check is the server's state, not
+    an error: a bug in it answers 500 and is logged)."""
+    try:
+        problem = check()
+    except Exception:
+        log.exception("metrics: a health check failed")
+        return 500, [("Content-Type", _TEXT)], b"Internal Server Error\n"
+    if problem is None:
+        return 200, [("Content-Type", _TEXT)], b"ok\n"
+    return 503, [("Content-Type", _TEXT)], problem.encode("utf-8", "replace")[:1024] + b"\n"

@@ -113,10 +113,12 @@ async def start_server(registry: CollectorRegistry) -> AsyncIterator[StartServer
     async def start(**overrides: Any) -> MetricsServer:
         """``refused``: a list that gets one entry per connection the server refused."""
         refused: list[None] = overrides.pop("refused", [])
+        checks = overrides.pop("checks", None)
         server = MetricsServer(
             registry,
             MetricsServerSettings("127.0.0.1", 0, **overrides),
             on_refused=lambda: refused.append(None),
+            checks=checks,
         )
         await server.start()
         servers.append(server)
@@ -223,6 +225,34 @@ async def test_other_paths_and_methods(
     response, _ = await (await connect(server)).request(method, target)
     assert response.status_code == status
     assert dict(response.headers).get(b"allow") == (allow.encode() if allow else None)
+
+
+async def test_health_checks_answer_200_or_503_with_the_reason(
+    start_server: StartServer, connect: Any
+) -> None:
+    ready: list[str | None] = [None]
+
+    def broken() -> str | None:
+        raise RuntimeError("a bug in a check")
+
+    server = await start_server(
+        checks={"/livez": lambda: None, "/readyz": lambda: ready[0], "/broken": broken}
+    )
+    client = await connect(server)
+    assert (await client.request("GET", "/livez"))[0].status_code == 200
+    response, body = await client.request("GET", "/readyz?verbose")
+    assert (response.status_code, body) == (200, b"ok\n")
+    ready[0] = "standby: waiting for the first pod list"
+    response, body = await client.request("GET", "/readyz")
+    assert (response.status_code, body) == (503, b"standby: waiting for the first pod list\n")
+    response, body = await client.request("HEAD", "/readyz")
+    assert (response.status_code, body) == (503, b"")
+    assert (await client.request("POST", "/readyz"))[0].status_code == 405
+    assert (await client.request("GET", "/broken"))[0].status_code == 500
+    # Without checks, the paths do not exist.
+    assert (await (await connect(await start_server())).request("GET", "/readyz"))[
+        0
+    ].status_code == 404
 
 
 async def test_keep_alive_then_connection_close(server: MetricsServer, connect: Any) -> None:
