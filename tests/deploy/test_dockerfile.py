@@ -1,7 +1,9 @@
 """The Dockerfile: hadolint passes with every rule on (an ignored rule needs a written reason),
-and the image is what the manifests expect: a pinned base, both commands, the non-root UID the
-pods run as, the version of this project, and a build context that holds what it copies.
-(No Docker engine runs here: the image itself is not built by the tests.)"""
+and the image is what the manifests expect: a base pinned by tag and digest, both commands, the
+non-root UID the pods run as, the version of this project, and a build context that holds what
+it copies. docs/building.md, which says how to build it, names paths that exist and a
+kustomization that pins the image by digest. (No Docker engine runs here: the image itself is
+not built by the tests. Its locked dependencies are checked in test_image_lock.py.)"""
 
 from __future__ import annotations
 
@@ -15,12 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.deploy.manifests import ROOT
+from tests.deploy.manifests import ROOT, kubectl
 
 DOCKERFILE = ROOT / "Dockerfile"
 TEXT = DOCKERFILE.read_text()
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 UID = 65532
+BUILDING = ROOT / "docs" / "building.md"
 
 
 def instructions() -> list[tuple[str, str]]:
@@ -80,11 +83,13 @@ def test_every_ignored_rule_has_a_written_reason() -> None:
     assert not (ROOT / ".hadolint.yaml").exists(), "rules are ignored in the Dockerfile only"
 
 
-def test_two_stages_from_one_pinned_base() -> None:
+def test_two_stages_from_one_base_pinned_by_digest() -> None:
     builder, final = stages()
     bases = [builder[0][1].split()[0], final[0][1].split()[0]]
     assert bases[0] == bases[1], "the venv's python symlink needs the same base in both stages"
-    assert re.fullmatch(r"python:3\.\d+\.\d+-slim-\w+(@sha256:[0-9a-f]{64})?", bases[0]), bases
+    # Tag and digest: the tag says which Python, the digest (of the multi-arch index, found with
+    # `docker buildx imagetools inspect`, docs/building.md) makes it the same bytes every time.
+    assert re.fullmatch(r"python:3\.\d+\.\d+-slim-\w+@sha256:[0-9a-f]{64}", bases[0]), bases
     python = re.match(r"python:(\d+\.\d+)", bases[0])[1]  # type: ignore[index]
     assert PYPROJECT["project"]["requires-python"] == f">={python}"
 
@@ -146,3 +151,42 @@ def test_build_context_holds_what_is_copied_and_little_else() -> None:
     assert {"aggregator", "node_agent", "servehealth_common", "proto"} <= packages
     for unwanted in (".venv", ".git", "tests", "bench", "deploy", "aggregator/__pycache__"):
         assert dockerignore_excludes(unwanted), f"{unwanted} would be in the build context"
+
+
+def test_building_doc_names_paths_and_links_that_exist_in_the_repository() -> None:
+    text = BUILDING.read_text()
+    missing = []
+    for mentioned in re.findall(r"`((?:deploy|scripts|docs|tests|requirements)/[\w./-]*)`", text):
+        if not (ROOT / mentioned).exists():
+            missing.append(mentioned)
+    for link in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
+        assert not link.startswith(("http://", "https://")), f"a link out of the repository: {link}"
+        if not (BUILDING.parent / link).exists():
+            missing.append(f"link {link}")
+    assert not missing, missing
+
+
+def test_building_doc_kustomization_pins_the_image_by_digest(tmp_path: Path) -> None:
+    """The doc's overlay, in a directory beside a checkout (as it says), with a digest in place
+    of its placeholder: every one of our containers runs the image by tag and digest."""
+    found = re.search(
+        r"```yaml\n# my-overlay/kustomization.yaml\n(.*?)```", BUILDING.read_text(), re.S
+    )
+    assert found, "docs/building.md has no my-overlay/kustomization.yaml block"
+    digest = "sha256:" + "0" * 64
+    overlay = tmp_path / "my-overlay"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(re.sub(r"sha256:<[^>]*>", digest, found[1]))
+    (tmp_path / "ray-serve-health").symlink_to(ROOT)
+    result = subprocess.run(
+        [kubectl(), "kustomize", str(overlay)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    ours = [i for i in re.findall(r"image: (\S+)", result.stdout) if "ray-serve-health" in i]
+    version = PYPROJECT["project"]["version"]
+    assert ours
+    assert set(ours) == {f"registry.example.com/ray-serve-health:{version}@{digest}"}, ours
