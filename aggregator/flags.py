@@ -313,6 +313,7 @@ class AggregatorFlags:
     leader_elect_lease_name: str = leader_flags.lease_name()
     leader_elect_namespace: str = leader_flags.namespace()
     leader_elect_identity: str = leader_flags.identity()
+    leader_label: str = leader_flags.label()
     log_level: str = shared.log_level_flag()
     log_format: str = shared.log_format_flag()
 
@@ -355,6 +356,7 @@ class AggregatorFlags:
             renew_deadline=self.leader_elect_renew_deadline,
             retry_period=self.leader_elect_retry_period,
             lease_name=self.leader_elect_lease_name,
+            label=self.leader_label,
         )
 
     def _check_tls(self) -> None:

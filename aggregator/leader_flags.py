@@ -7,9 +7,14 @@ shared ones), and :func:`check` validates them together.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from servehealth_common.config import setting
+
+#: A label key: an optional DNS-subdomain prefix and "/", then a name of at most 63 characters.
+_LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
 def enabled() -> Any:
@@ -72,6 +77,28 @@ def identity() -> Any:
     )
 
 
+def label() -> Any:
+    return setting(
+        "ray-serve-health/leader",
+        'With --leader-elect: the leader sets this label to "true" on its own pod '
+        "($POD_NAME, in its namespace) and removes it from the other pods there; the "
+        "aggregator's Service selects it, so every replica can be Ready and agents still "
+        "reach the leader only. Empty: no label (then only the leader should be Ready).",
+    )
+
+
+def check_label_key(key: str, flag: str) -> None:
+    """ValueError unless ``key`` is a valid label key (``[prefix/]name``)."""
+    prefix, slash, name = key.rpartition("/")
+    if not _LABEL_NAME.fullmatch(name) or (
+        slash and not (len(prefix) <= 253 and _DNS_SUBDOMAIN.fullmatch(prefix))
+    ):
+        raise ValueError(
+            f"{flag} {key[:300]!r} is not a label key: [PREFIX/]NAME, NAME at most 63 letters, "
+            "digits, '-', '_' or '.', PREFIX a DNS subdomain"
+        )
+
+
 def check(
     *,
     enabled: bool,
@@ -80,6 +107,7 @@ def check(
     renew_deadline: float,
     retry_period: float,
     lease_name: str,
+    label: str,
 ) -> None:
     """Validate the leader-election settings; ValueError naming the flag."""
     duration, deadline, retry = lease_duration, renew_deadline, retry_period
@@ -102,3 +130,5 @@ def check(
         )
     if not lease_name:
         raise ValueError("--leader-elect-lease-name must not be empty")
+    if label:
+        check_label_key(label, "--leader-label")

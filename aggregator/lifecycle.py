@@ -82,3 +82,22 @@ class Lifecycle:
     def stopping(self) -> bool:
         """Whether a stop began (a second stop does nothing)."""
         return self._phase in (Phase.STOPPING, Phase.STOPPED)
+
+
+def not_ready(phase: Phase, label_settled: bool = True) -> str | None:
+    """Why this replica is not Ready (``/readyz`` answers 503 with it), or None when it is.
+
+    Ready: the leader once it serves, and a standby once its own pod carries no stale leader
+    label (``label_settled``). The Service routes agents by the leader label, not by
+    readiness, so a Ready standby gets none; readiness says the replica is healthy, for a
+    PodDisruptionBudget and ``kubectl rollout status``. Not Ready while starting (without
+    leader election: the first pod list), stepping down and stopping."""
+    if phase is Phase.LEADING:
+        return None
+    if phase is Phase.STANDBY:
+        if label_settled:
+            return None
+        return "standby: removing a stale leader label from its own pod"
+    if phase is Phase.STARTING:
+        return "starting: listing the pods"
+    return phase.value

@@ -35,6 +35,7 @@ from aggregator.guard import Guard
 from aggregator.inspection_service import InspectionService
 from aggregator.kube.lease import KubeLeaseStore
 from aggregator.leader import LeaderElector
+from aggregator.leader_label import LeaderLabel
 from aggregator.lifecycle import Lifecycle, Phase
 from aggregator.metrics import Metrics
 from aggregator.puller import Puller
@@ -87,6 +88,8 @@ class Election:
     store: KubeLeaseStore
     #: For the startup log line.
     timings: str
+    #: The leader's label on its own pod (--leader-label), or None.
+    label: LeaderLabel | None = None
 
 
 class Aggregator:
@@ -191,6 +194,8 @@ class Aggregator:
         await server.start()
         self._log_start()
         if self.election is not None:
+            if self.election.label is not None:
+                self.election.label.start()
             self._electing = asyncio.create_task(self._lead(), name="leader-election")
         else:
             self._syncing = asyncio.create_task(self._lead_at_once(), name="first-pod-list")
@@ -295,6 +300,8 @@ class Aggregator:
             self.metrics.leader.set(1)
         for name in LEADER_ONLY:
             await self.health.set(name, SERVING)
+        if self.election is not None and self.election.label is not None:
+            self.election.label.lead()
         log.info("leader: serving, %d pods tracked", self.core.tracked())
 
     async def _step_down(self, reason: str, *, led: bool) -> None:
@@ -316,6 +323,7 @@ class Aggregator:
             )
             for name in LEADER_ONLY:
                 await self.health.set(name, NOT_SERVING)
+            await self._drop_label()
             self._reports.close_streams()
             await self._stop_leader_tasks()
         finally:
@@ -337,6 +345,7 @@ class Aggregator:
                 with contextlib.suppress(asyncio.CancelledError, Exception):  # logged there
                     await task
         await self.health.enter_graceful_shutdown()
+        await self._drop_label()  # first: the Service stops sending agents here
         self.core.close_watchers()
         self._reports.close_streams()
         await self._stop_leader_tasks()
@@ -362,6 +371,10 @@ class Aggregator:
         self.lifecycle.move_to(Phase.STOPPED, "aggregator stopped")
         self._finished.set()
         log.info("aggregator stopped")
+
+    async def _drop_label(self) -> None:
+        if self.election is not None and self.election.label is not None:
+            await self.election.label.stop()
 
     async def wait(self) -> None:
         """Until :meth:`stop` ran, or leadership was lost (:attr:`lost` says why; then call

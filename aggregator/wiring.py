@@ -31,9 +31,10 @@ from aggregator.kube.lease import (
     lease_namespace,
     make_elector,
 )
+from aggregator.kube.own_pods import leader_label
 from aggregator.kube.registry import KubeRegistry, KubeSettings
 from aggregator.leader import ElectionSettings
-from aggregator.lifecycle import Lifecycle
+from aggregator.lifecycle import Lifecycle, not_ready
 from aggregator.metrics import Metrics
 from aggregator.puller import Puller, PullSettings
 from aggregator.registry import MemoryRegistry, PodRegistry
@@ -47,7 +48,7 @@ from aggregator.tracker import Clock, Tracker, TrackerSettings
 from servehealth_common.config import split_host_port
 from servehealth_common.kube.client import NoKubeConfig, find_config, load_configuration
 from servehealth_common.kube.errors import APIError
-from servehealth_common.metrics_http import MetricsServer, MetricsServerSettings
+from servehealth_common.metrics_http import HealthCheck, MetricsServer, MetricsServerSettings
 
 log = logging.getLogger(__name__)
 
@@ -286,6 +287,7 @@ def make_election(
         store,
         f"lease {flags.leader_elect_lease_duration:g}s, renew deadline "
         f"{flags.leader_elect_renew_deadline:g}s, retry {flags.leader_elect_retry_period:g}s",
+        leader_label(flags.leader_label, store.api, store.namespace, environ),
     )
 
 
@@ -337,6 +339,11 @@ def build_aggregator(
     guard = make_guard(flags, metrics, knows_nodes=registry.seeds_from_cluster)
     shadow = make_shadow(flags, core, registry, metrics)
     metrics_settings = metrics_server_settings(flags)
+    label = election.label if election is not None else None
+    checks: dict[str, HealthCheck] = {
+        "/livez": lambda: None,  # answered at all: the event loop runs
+        "/readyz": lambda: not_ready(lifecycle.phase, label is None or label.settled),
+    }
     return Aggregator(
         port_settings(flags),
         lifecycle=lifecycle,
@@ -361,7 +368,10 @@ def build_aggregator(
         ),
         metrics_server=(
             MetricsServer(
-                metrics.registry, metrics_settings, metrics.metrics_connections_refused.inc
+                metrics.registry,
+                metrics_settings,
+                metrics.metrics_connections_refused.inc,
+                checks=checks,
             )
             if metrics_settings
             else None

@@ -1,9 +1,13 @@
 """Failover of the aggregator, end to end, with the default leader-election timings: two real
 aggregator processes (``python -m aggregator --leader-elect``) against one Kubernetes API
-emulator served over HTTP by this test, and real agents (in-process, real gRPC streams, real
-probes of a fake Serve proxy) given both addresses. SIGKILL the leader: the standby must answer
-SERVING on grpc.health.v1 within 5 s, every agent must reconnect to it, and no pod may be
-written in the meantime (the new leader seeds itself from the labels the old one wrote).
+emulator served over HTTP by this test, each with a pod of its own there, and real agents
+(in-process, real gRPC streams, real probes of a fake Serve proxy) that know only the
+aggregator's Service, emulated by ``tests/kube/service_router.py`` (Ready pods labelled
+``ray-serve-health/leader=true``). Both replicas must be Ready, the Service must route to the
+leader alone and every agent must be on it; stale leader labels left on both pods are removed.
+SIGKILL the leader: the standby must answer SERVING on grpc.health.v1, and the Service route to
+it, within 5 s, every agent must reconnect to it, and no Ray pod may be written in the meantime
+(the new leader seeds itself from the labels the old one wrote).
 
 Also as a process: a leader that cannot renew its Lease exits 1 (the Deployment restarts it as
 a standby), and ``--leader-elect`` with no namespace for the Lease is a clear startup error."""
@@ -24,7 +28,18 @@ import pytest
 
 from aggregator.kube.lease import NAMESPACE_FILE
 from bench import failover
-from bench.failover import NO_AUTH, NOT_SERVING, NS, SERVING, Replica, health, run_agents
+from bench.failover import (
+    LEADER_LABEL,
+    NO_AUTH,
+    NOT_SERVING,
+    NS,
+    SERVING,
+    Replica,
+    add_aggregator_pods,
+    health,
+    run_agents,
+    service,
+)
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
 from tests.fakes import FakeServeProxy, free_port
@@ -68,12 +83,6 @@ async def until(
         raise AssertionError(str(error)) from None
 
 
-async def start_replica(name: str, kubeconfig: Path, log_dir: Path) -> Replica:
-    replica = Replica(name, free_port(), log_dir)
-    await replica.start(kubeconfig)
-    return replica
-
-
 def running(replica: Replica) -> asyncio.subprocess.Process:
     assert replica.process is not None
     return replica.process
@@ -87,15 +96,24 @@ async def proxy() -> AsyncIterator[FakeServeProxy]:
 
 
 @pytest.fixture
-async def replicas(kubeconfig_path: Path, tmp_path: Path) -> AsyncIterator[list[Replica]]:
-    started = [await start_replica(name, kubeconfig_path, tmp_path) for name in ("a", "b")]
+async def replicas(
+    kube_emulator: KubeEmulator, kubeconfig_path: Path, tmp_path: Path
+) -> AsyncIterator[list[Replica]]:
+    """Two replicas, each with its pod, both pods carrying a stale leader label."""
+    started = [Replica(name, free_port(), tmp_path) for name in ("a", "b")]
+    add_aggregator_pods(kube_emulator, started)
+    for replica in started:
+        kube_emulator.patch_object(
+            PODS, "ray-serve-health", replica.pod, {"metadata": {"labels": {LEADER_LABEL: "true"}}}
+        )
+        await replica.start(kubeconfig_path)
     yield started
     for replica in started:
         with contextlib.suppress(TimeoutError):
             await replica.kill()
 
 
-async def test_sigkill_of_the_leader_fails_over_within_five_seconds_and_writes_nothing(
+async def test_both_ready_agents_on_the_leader_alone_and_sigkill_fails_over_writing_nothing(
     kube_emulator: KubeEmulator, proxy: FakeServeProxy, replicas: list[Replica]
 ) -> None:
     for number in range(PODS_COUNT):
@@ -104,7 +122,6 @@ async def test_sigkill_of_the_leader_fails_over_within_five_seconds_and_writes_n
         kube_emulator.add_pod(
             NS, f"ray-worker-{number}", labels=labels, pod_ip="127.0.0.1", serve_port=proxy.port
         )
-    addresses = ",".join(replica.address for replica in replicas)
 
     async def one_leader() -> bool:
         statuses = [await health(replica) for replica in replicas]
@@ -116,7 +133,28 @@ async def test_sigkill_of_the_leader_fails_over_within_five_seconds_and_writes_n
     )
     assert await health(leader) == SERVING
 
-    async with run_agents(kube_emulator, proxy, addresses):
+    async def labelled() -> list[str]:
+        return [
+            pod["metadata"]["name"]
+            for pod in kube_emulator.list_objects(PODS, "ray-serve-health")
+            if pod["metadata"]["labels"].get(LEADER_LABEL) == "true"
+        ]
+
+    async def only_the_leader_labelled() -> bool:
+        return await labelled() == [leader.pod]
+
+    await until(only_the_leader_labelled, 20, "the stale labels removed", replicas)
+
+    async with (
+        service(kube_emulator, replicas) as router,
+        run_agents(kube_emulator, proxy, router.address),
+    ):
+
+        async def both_ready_leader_routed() -> bool:
+            ready = all(router.ready(replica.pod) for replica in replicas)
+            return ready and router.endpoints() == [leader.pod]
+
+        await until(both_ready_leader_routed, 20, "both Ready, the Service on the leader", replicas)
 
         async def all_connected_to(replica: Replica) -> bool:
             return (await summary(replica)).agents_connected == PODS_COUNT
@@ -125,6 +163,8 @@ async def test_sigkill_of_the_leader_fails_over_within_five_seconds_and_writes_n
             return kube_emulator.pod_labels(NS, "ray-worker-0").get(LABEL) == "true"
 
         await until(lambda: all_connected_to(leader), 20, "agents connect to the leader", replicas)
+        assert (await summary(standby)).agents_connected == 0
+        assert set(router.forwarded) == {leader.pod}, router.forwarded
         await until(first_pod_labelled, 20, "the leader labels the unlabelled pod", replicas)
 
         async def its_event_recorded() -> bool:  # the last request that label change makes
@@ -144,8 +184,14 @@ async def test_sigkill_of_the_leader_fails_over_within_five_seconds_and_writes_n
         async def standby_serves() -> bool:
             return await health(standby) == SERVING
 
-        took = await until(standby_serves, FAILOVER_LIMIT + 5, "the standby takes over", [standby])
+        await until(standby_serves, FAILOVER_LIMIT + 5, "the standby takes over", [standby])
         took_over = time.time()
+
+        async def routed_to_the_new_leader() -> bool:
+            return router.endpoints() == [standby.pod]
+
+        await until(routed_to_the_new_leader, FAILOVER_LIMIT + 5, "the Service moves", [standby])
+        took = loop.time() - killed
         assert took <= FAILOVER_LIMIT, f"failover took {took:.2f}s"
         reconnected = await until(
             lambda: all_connected_to(standby), 10, "agents reconnect to the new leader", [standby]
@@ -165,7 +211,7 @@ async def test_sigkill_of_the_leader_fails_over_within_five_seconds_and_writes_n
         for pod in await list_pods(standby):
             assert pod.state_since.ToNanoseconds() / 1e9 <= took_over, pod
 
-    assert kube_emulator.requests("PATCH", resource=PODS, since=mark) == []
+    assert kube_emulator.requests("PATCH", resource=PODS, namespace=NS, since=mark) == []
     assert kube_emulator.requests("POST", resource=EVENTS, since=mark) == []
     assert all(
         pod["metadata"]["labels"].get(LABEL) == "true"
@@ -185,7 +231,9 @@ def _holder(emulator: KubeEmulator) -> str | None:
 async def test_a_leader_that_cannot_renew_exits_1(
     kube_emulator: KubeEmulator, kubeconfig_path: Path, tmp_path: Path
 ) -> None:
-    replica = await start_replica("only", kubeconfig_path, tmp_path)
+    replica = Replica("only", free_port(), tmp_path)
+    add_aggregator_pods(kube_emulator, [replica])
+    await replica.start(kubeconfig_path)
     try:
 
         async def serving() -> bool:
@@ -229,3 +277,30 @@ async def test_leader_election_without_a_namespace_is_a_clear_startup_error(
     _, stderr = await asyncio.wait_for(result.communicate(), 30)
     assert result.returncode == 1
     assert "cannot start: --leader-elect needs the namespace of its Lease" in stderr.decode()
+
+
+async def test_sigterm_of_the_leader_moves_the_service_at_once(
+    kube_emulator: KubeEmulator, proxy: FakeServeProxy, replicas: list[Replica]
+) -> None:
+    """A graceful stop: the leader removes its own label and releases the Lease, so the
+    standby takes over, and the Service routes to it, well within a second or two."""
+
+    async def leader_found() -> bool:
+        statuses = [await health(replica) for replica in replicas]
+        return _holder(kube_emulator) is not None and SERVING in statuses
+
+    await until(leader_found, 60, "a leader", replicas)
+    leader, standby = sorted(
+        replicas, key=lambda r: 0 if r.identity == _holder(kube_emulator) else 1
+    )
+    async with service(kube_emulator, replicas) as router:
+
+        async def routed_to(replica: Replica) -> bool:
+            return router.endpoints() == [replica.pod]
+
+        await until(lambda: routed_to(leader), 20, "the Service on the leader", replicas)
+        running(leader).send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(running(leader).wait(), 10) == 0
+        assert LEADER_LABEL not in kube_emulator.pod_labels("ray-serve-health", leader.pod)
+        took = await until(lambda: routed_to(standby), 10, "the Service moves", [standby])
+        assert took <= FAILOVER_LIMIT
