@@ -2,25 +2,23 @@
 
 gRPC's own failure says only "Failed to bind to address" (and writes a log line of its own), so
 the socket layer is asked first; an ``OSError("cannot listen on ADDRESS (FLAG): why")`` names
-the address, its flag and the reason (address already in use, cannot resolve 'x', ...).
+the address, its flag and the reason (address already in use, cannot resolve 'x', ...). The
+/metrics port's start and the message are shared with the agent
+(:mod:`servehealth_common.listening`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
 
 import grpc
 
 from servehealth_common.config import split_host_port
-from servehealth_common.metrics_http import MetricsServer
+from servehealth_common.listening import cannot_listen, describe_error, host_port, start_metrics
 from servehealth_common.tls import ReloadingServerCertificate, server_credentials
 
-
-def host_port(host: str, port: int) -> str:
-    """``127.0.0.1:50051``, ``[::1]:50051``: an IPv6 address in brackets."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+__all__ = ["add_grpc_port", "host_port", "start_metrics"]
 
 
 async def add_grpc_port(
@@ -31,7 +29,7 @@ async def add_grpc_port(
     each handshake). OSError naming the address and why it cannot be bound."""
     host, port = split_host_port(listen)
     if problem := await _bind_problem(host, port):
-        raise _cannot_listen(listen, "--listen", problem)
+        raise cannot_listen(listen, "--listen", problem)
     address = host_port(host, port)
     try:
         if not tls_cert:
@@ -40,30 +38,7 @@ async def add_grpc_port(
         return server.add_secure_port(address, credentials), fetcher
     except RuntimeError:  # "Failed to bind": taken since, or credentials gRPC refused
         tls = " with the files of --tls-cert and --tls-key" if tls_cert else ""
-    raise _cannot_listen(listen, "--listen", f"gRPC failed to bind it{tls}")
-
-
-async def start_metrics(metrics_server: MetricsServer) -> None:
-    """Start the /metrics server (``--metrics-listen``); OSError naming the address and why."""
-    try:
-        await metrics_server.start()
-    except OSError as error:
-        host, port = metrics_server.settings.host, metrics_server.settings.port
-        reason = _why(error, host)
-        raise _cannot_listen(host_port(host, port), "--metrics-listen", reason) from None
-
-
-def _cannot_listen(address: str, flag: str, reason: str) -> OSError:
-    return OSError(f"cannot listen on {address} ({flag}): {reason}")
-
-
-def _why(error: OSError, host: str) -> str:
-    """Why ``error`` happened, readable: address already in use, cannot resolve 'x' (...)."""
-    if isinstance(error, socket.gaierror):
-        return f"cannot resolve {host!r} ({error.strerror})"
-    if error.errno:
-        return os.strerror(error.errno).lower()
-    return str(error)
+    raise cannot_listen(listen, "--listen", f"gRPC failed to bind it{tls}")
 
 
 async def _bind_problem(host: str, port: int) -> str | None:
@@ -73,7 +48,7 @@ async def _bind_problem(host: str, port: int) -> str | None:
     try:
         found = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as error:
-        return _why(error, host)
+        return describe_error(error, host)
     problems: list[str] = []
     for family, kind, protocol, _, address in found:
         with socket.socket(family, kind, protocol) as probe:
@@ -81,7 +56,7 @@ async def _bind_problem(host: str, port: int) -> str | None:
             try:
                 probe.bind(address)
             except OSError as error:
-                problems.append(_why(error, host))
+                problems.append(describe_error(error, host))
                 continue
         return None
     return problems[0] if problems else f"{host!r} resolves to no address"

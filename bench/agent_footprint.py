@@ -3,10 +3,14 @@ reporting to a real aggregator, for ``--duration`` seconds (default 600). Prints
 (share of one core) and RSS, sampled every 10 s; writes bench/results/agent_footprint.json.
 With ``--grpc``, the agent also probes a real gRPC server answering Serve's ``Healthz``
 (``--grpc-proxy-port``: gRPC ingress); the results then go to agent_footprint_grpc.json.
+With ``--metrics``, the agent also serves its endpoint (``--metrics-listen 127.0.0.1:0``),
+scraped at every sample (/metrics, /livez, /readyz) as Prometheus and the kubelet would; the
+results file then ends in ``_metrics`` (agent_footprint_metrics.json, or
+agent_footprint_grpc_metrics.json).
 
 Targets (issues 5 and 15): RSS <= 50 MiB, CPU <= 1 %, with gRPC ingress too.
 
-    python -m bench.agent_footprint [--duration 600] [--grpc]
+    python -m bench.agent_footprint [--duration 600] [--grpc] [--metrics]
 """
 
 from __future__ import annotations
@@ -14,11 +18,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import statistics
 import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 if __package__ in (None, ""):
@@ -28,6 +34,8 @@ from bench import harness, procstat
 from tests.fakes import FakeGrpcServeProxy, FakeServeProxy
 
 OUTPUT = harness.REPO_ROOT / "bench" / "results" / "agent_footprint.json"
+#: The agent's log line with its endpoint's address (--metrics-listen).
+_ENDPOINT = re.compile(r"serving /livez, /readyz and /metrics on (?P<address>\S+)")
 
 
 def serve_fake_proxy(grpc: bool = False) -> int:
@@ -50,14 +58,33 @@ def serve_fake_proxy(grpc: bool = False) -> int:
     return ready[0]
 
 
+def scrape(address: str) -> int:
+    """GET /metrics, /livez and /readyz of the agent; the size of /metrics in bytes."""
+    size = 0
+    for path in ("/metrics", "/livez", "/readyz"):
+        with urllib.request.urlopen(f"http://{address}{path}", timeout=5) as response:
+            body = response.read()
+        if path == "/metrics":
+            size = len(body)
+    return size
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=float, default=600.0, help="seconds (default 600)")
     parser.add_argument("--grpc", action="store_true", help="probe a gRPC proxy too")
+    parser.add_argument(
+        "--metrics", action="store_true", help="serve and scrape the agent's /metrics too"
+    )
     args = parser.parse_args()
     proxy_port = serve_fake_proxy()
-    extra_args = ("--grpc-proxy-port", str(serve_fake_proxy(grpc=True))) if args.grpc else ()
-    output = OUTPUT.with_name("agent_footprint_grpc.json") if args.grpc else OUTPUT
+    extra_args: tuple[str, ...] = ()
+    if args.grpc:
+        extra_args += ("--grpc-proxy-port", str(serve_fake_proxy(grpc=True)))
+    if args.metrics:
+        extra_args += ("--metrics-listen", f"{harness.HOST}:0")
+    suffix = ("_grpc" if args.grpc else "") + ("_metrics" if args.metrics else "")
+    output = OUTPUT.with_name(f"agent_footprint{suffix}.json")
     log_dir = Path(tempfile.mkdtemp(prefix="serve-health-footprint-"))
     aggregator = harness.start_aggregator(log_dir)
     agent = None
@@ -65,6 +92,7 @@ def main() -> int:
         agent = harness.start_agent(
             log_dir, aggregator.address, proxy_port, harness.PodIdentity(), extra_args=extra_args
         )
+        endpoint = agent.wait_for_log(_ENDPOINT, 5)["address"] if args.metrics else None
         time.sleep(5)  # past start-up (imports, first connection)
         window = procstat.CpuWindow(agent.pid)
         window.start()
@@ -72,13 +100,18 @@ def main() -> int:
         started = time.monotonic()
         while time.monotonic() - started < args.duration:
             time.sleep(min(10.0, args.duration))
+            scraped = f"  /metrics {scrape(endpoint)} bytes" if endpoint else ""
             samples.append((time.monotonic() - started, procstat.rss_bytes(agent.pid)))
-            print(f"  t={samples[-1][0]:6.0f}s  rss={samples[-1][1] / 2**20:6.1f} MiB", flush=True)
+            print(
+                f"  t={samples[-1][0]:6.0f}s  rss={samples[-1][1] / 2**20:6.1f} MiB{scraped}",
+                flush=True,
+            )
         cpu = window.stop()
         rss = [rss for _, rss in samples]
         result = {
             "duration_s": args.duration,
             "grpc_ingress": args.grpc,
+            "metrics": args.metrics,
             "interval": harness.AGENT_INTERVAL,
             "cpu_percent_of_one_core": round(cpu * 100, 3),
             "rss_mib_max": round(max(rss) / 2**20, 1),

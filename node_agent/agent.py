@@ -5,7 +5,8 @@ latest result and puts every result in an :class:`~node_agent.outbox.Outbox`, wh
 its ``changed`` event when the state differs from the last one; the stream
 (:class:`~node_agent.stream.ReportClient`, :attr:`Agent.stream`) sends a report at once on a
 change, otherwise a resync per interval the aggregator asked for, and reconnects forever.
-The DaemonSet agent (:mod:`node_agent.daemonset`) is built from the same two pieces.
+The DaemonSet agent (:mod:`node_agent.daemonset`) is built from the same two pieces. Both
+tell a :class:`~node_agent.sink.MetricsSink` what they do (``--metrics-listen``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from node_agent.flags import AgentFlags
 from node_agent.identity import SidecarPod
 from node_agent.outbox import Outbox
 from node_agent.probing import PodProbe
+from node_agent.sink import NO_METRICS, MetricsSink
 from node_agent.stream import ReportClient
 from node_agent.watchdog import Watchdog
 from servehealth.v1 import servehealth_pb2 as pb
@@ -37,9 +39,12 @@ class Agent:
         *,
         rng: random.Random | None = None,
         watchdog: Watchdog | None = None,
+        metrics: MetricsSink = NO_METRICS,
     ) -> None:
         rng = rng or random.Random()
         outbox = Outbox()
+        self._identity = identity
+        self._metrics = metrics
         grpc_address = settings.grpc_proxy_address
         self.probe = PodProbe(
             settings.proxy_url,
@@ -52,6 +57,7 @@ class Agent:
             + (f" and gRPC proxy {grpc_address}" if grpc_address else ""),
             grpc_address=grpc_address,
             watchdog=watchdog,
+            on_turn=functools.partial(metrics.probed, OWN_POD),
         )
         hello = pb.Hello(
             mode=pb.AGENT_MODE_SIDECAR,
@@ -59,7 +65,14 @@ class Agent:
             node_name=identity.node_name,
             agent_version=__version__,
         )
-        self.stream = ReportClient(settings, hello, outbox, who=str(identity), rng=rng)
+        self.stream = ReportClient(
+            settings, hello, outbox, who=str(identity), rng=rng, metrics=metrics
+        )
+
+    def not_ready(self) -> str | None:
+        """Why the agent is not ready (``/readyz``): never, since a sidecar knows its one proxy
+        from its flags. Whether the aggregator is reachable does not count."""
+        return None
 
     async def run(self) -> None:
         async with asyncio.TaskGroup() as group:
@@ -69,7 +82,12 @@ class Agent:
     # -- the parts ------------------------------------------------------------------------
 
     async def probe_forever(self) -> None:
-        await self.probe.run()
+        identity = self._identity
+        self._metrics.probing(OWN_POD, identity.namespace, identity.name)
+        try:
+            await self.probe.run()
+        finally:
+            self._metrics.not_probing(OWN_POD)
 
     async def stream_forever(self) -> None:
         await self.stream.run()

@@ -19,10 +19,12 @@ from node_agent.identity import (
     SidecarPod,
     node_name_from_environ,
 )
+from node_agent.sink import NO_METRICS, MetricsSink
 from node_agent.watchdog import Watchdog
 from servehealth_common import logs, runtime
 from servehealth_common.config import load
 from servehealth_common.grpc_healthz import GrpcHealthz
+from servehealth_common.listening import CannotListen
 from servehealth_common.probe import Prober, make_session
 
 if TYPE_CHECKING:  # the Kubernetes client costs ~30 MiB: only DaemonSet mode loads it
@@ -39,10 +41,12 @@ DESCRIPTION = (
 log = logging.getLogger("node_agent")
 
 #: Builds the agent once the probe session exists (it must be made inside the event loop).
-MakeAgent = Callable[[Prober, "Watchdog | None"], "Agent | NodeAgent"]
+MakeAgent = Callable[[Prober, "Watchdog | None", MetricsSink], "Agent | NodeAgent"]
 
 
 async def run(settings: AgentFlags, make_agent: MakeAgent) -> None:
+    """Run the agent until SIGTERM or SIGINT; with ``--metrics-listen``, its endpoint too
+    (bound first: :class:`CannotListen` before anything started)."""
     grpc_healthz = GrpcHealthz(settings.probe_timeout)  # no channel until a gRPC probe
     try:
         async with make_session() as session:
@@ -54,7 +58,15 @@ async def run(settings: AgentFlags, make_agent: MakeAgent) -> None:
             )
             stall_timeout = settings.effective_stall_timeout
             dog = Watchdog(stall_timeout) if stall_timeout else None
-            await _run_until_signalled(make_agent(prober, dog), dog)
+            if not settings.metrics_listen:
+                await _run_until_signalled(make_agent(prober, dog, NO_METRICS), dog)
+                return
+            from node_agent import metrics  # prometheus_client: only with --metrics-listen
+
+            sink = metrics.AgentMetrics()
+            agent = make_agent(prober, dog, sink)
+            async with metrics.serving(settings.metrics_listen, sink, agent, dog):
+                await _run_until_signalled(agent, dog)
     finally:
         await grpc_healthz.close()
 
@@ -84,6 +96,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (MissingIdentity, InvalidIdentity) as error:
         print(f"serve-health-agent: error: {error}", file=sys.stderr)
         return 2
+    except CannotListen as error:  # --metrics-listen: the address, the flag and why
+        log.error("cannot start: %s", error)
+        return 1
 
 
 def _run_sidecar(settings: AgentFlags) -> int:
@@ -97,7 +112,14 @@ def _run_sidecar(settings: AgentFlags) -> int:
         settings.interval,
         settings.aggregator,
     )
-    runtime.run(run(settings, lambda prober, dog: Agent(settings, identity, prober, watchdog=dog)))
+    runtime.run(
+        run(
+            settings,
+            lambda prober, dog, metrics: Agent(
+                settings, identity, prober, watchdog=dog, metrics=metrics
+            ),
+        )
+    )
     return 0
 
 
@@ -124,7 +146,9 @@ def _run_daemonset(settings: AgentFlags) -> int:
         runtime.run(
             run(
                 settings,
-                lambda prober, dog: NodeAgent(settings, node_name, prober, client, watchdog=dog),
+                lambda prober, dog, metrics: NodeAgent(
+                    settings, node_name, prober, client, watchdog=dog, metrics=metrics
+                ),
             )
         )
     finally:

@@ -7,7 +7,8 @@ calls it makes, so its RBAC is ``list`` and ``watch`` on pods. Each pod with an 
 one HTTP session, at most ``--probe-concurrency`` probes in flight); a pod that vanishes, ends
 (phase Succeeded or Failed) or loses its IP stops being probed and reported. Results go into
 one :class:`~node_agent.outbox.Outbox`, which one :class:`~node_agent.stream.ReportClient`
-(hello in ``AGENT_MODE_DAEMONSET`` with the node's name) sends to the aggregator.
+(hello in ``AGENT_MODE_DAEMONSET`` with the node's name) sends to the aggregator. The agent
+is ready (``/readyz``) once its first pod list succeeded: it knows what to probe.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from node_agent import __version__
 from node_agent.flags import AgentFlags
 from node_agent.outbox import Outbox
 from node_agent.probing import PodProbe
+from node_agent.sink import NO_METRICS, MetricsSink
 from node_agent.stream import ReportClient
 from node_agent.watchdog import Watchdog
 from servehealth.v1 import servehealth_pb2 as pb
@@ -136,9 +138,11 @@ class NodeAgent:
         *,
         rng: random.Random | None = None,
         watchdog: Watchdog | None = None,
+        metrics: MetricsSink = NO_METRICS,
     ) -> None:
         self.settings = settings
         self.watchdog = watchdog
+        self.metrics = metrics
         self.node_name = node_name
         self.prober = prober
         self.rng = rng or random.Random()
@@ -153,6 +157,7 @@ class NodeAgent:
             who=f"node {node_name}",
             rng=self.rng,
             batch_window=BATCH_WINDOW,
+            metrics=metrics,
         )
         #: The node's probe grid (each agent its own phase: nodes do not probe in step).
         self._grid_phase = self.rng.uniform(0, settings.interval)
@@ -171,18 +176,35 @@ class NodeAgent:
         )
         self._probing: dict[PodKey, _Probing] = {}
         self._group: asyncio.TaskGroup | None = None
+        #: Whether the first pod list succeeded (every namespace asked for).
+        self.listed = False
 
     async def run(self) -> None:
         try:
             async with asyncio.TaskGroup() as group:
                 self._group = group
                 group.create_task(self.stream.run(), name="stream")
-                group.create_task(self.watch.run(), name="pods")
+                group.create_task(self._watch_pods(), name="pods")
         finally:
             # The group has cancelled every probe; let the watch threads go too.
             self._group = None
+            for key in self._probing:
+                self.metrics.not_probing(key)
             self._probing.clear()
             self.watch.stop()
+
+    def not_ready(self) -> str | None:
+        """Why the agent is not ready (``/readyz``): until its first pod list succeeded, it
+        does not know what to probe. Whether the aggregator is reachable does not count (a
+        DaemonSet waiting for it would block its rollouts while the aggregator is down)."""
+        if self.listed:
+            return None
+        return f"the first list of the Ray pods of node {self.node_name} has not succeeded yet"
+
+    async def _watch_pods(self) -> None:
+        await self.watch.list_all()
+        self.listed = True
+        await self.watch.watch_forever()
 
     # -- what the watch tells -------------------------------------------------------------
 
@@ -218,9 +240,11 @@ class NodeAgent:
             grid_phase=self._grid_phase,
             grpc_address=target.grpc_address,
             watchdog=self.watchdog,
+            on_turn=functools.partial(self.metrics.probed, target.key),
         )
         task = self._group.create_task(probe.run(), name=f"probe {target}")
         self._probing[target.key] = _Probing(target, task)
+        self.metrics.probing(target.key, target.namespace, target.name)
         grpc = f" and gRPC {target.grpc_address}" if target.grpc_address else ""
         log.info("pod %s: probing %s%s", target, target.url, grpc)
 
@@ -228,6 +252,7 @@ class NodeAgent:
         probing = self._probing.pop(key)
         probing.task.cancel()
         self.outbox.discard(key)
+        self.metrics.not_probing(key)
 
 
 def _why_not(target: PodTarget) -> str:

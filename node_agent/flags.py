@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 
 from node_agent.token import DEFAULT_TOKEN_FILE
 from servehealth_common import flags as shared
-from servehealth_common.config import setting
+from servehealth_common.config import check_listen_address, setting
 from servehealth_common.http import InvalidURL, parse_url
 from servehealth_common.kube.pods import grpc_address
 from servehealth_common.tls import check_pair, check_readable
@@ -151,6 +151,14 @@ class AgentFlags:
         "the aggregator refuses as invalid is a permanent error: retried from 10s up to 5m.",
         duration=True,
     )
+    metrics_listen: str = setting(
+        "",
+        "HOST:PORT of the agent's plaintext HTTP endpoint: /livez (its loops run and its "
+        "watchdog sees no stall), /readyz (it knows what to probe; never the aggregator's "
+        "reachability) and Prometheus /metrics (serve_health_agent_*); port 0 picks a free one "
+        "(logged). Empty: no port at all.",
+        shown="(off)",
+    )
     log_level: str = shared.log_level_flag()
     log_format: str = shared.log_format_flag()
 
@@ -168,6 +176,8 @@ class AgentFlags:
         if self.tls_cert and not self.tls_ca:
             raise ValueError("--tls-cert and --tls-key need --tls-ca (they are only used over TLS)")
         check_proxy_url(self.proxy_url)
+        if self.metrics_listen:
+            check_listen_address(self.metrics_listen, "--metrics-listen")
         if self.interval <= 0 or self.probe_timeout <= 0:
             raise ValueError("--interval and --probe-timeout must be positive")
         if self.token_file != DEFAULT_TOKEN_FILE:

@@ -12,11 +12,18 @@ from collections.abc import Awaitable, Callable
 from node_agent.watchdog import Watchdog
 from servehealth_common.backoff import jittered_below
 from servehealth_common.probe import Prober, ProbeResult
+from servehealth_common.states import ServeState
 
 log = logging.getLogger(__name__)
 
 #: Called with every result, and whether its state (or reason) differs from the one before.
 OnResult = Callable[[ProbeResult, bool], None]
+#: Called at the end of each probe turn with its result's state and how long the turn took.
+OnTurn = Callable[[ServeState, float], None]
+
+
+def _no_turn(state: ServeState, seconds: float) -> None:
+    pass
 
 
 def next_tick(after: float, phase: float, interval: float) -> float:
@@ -35,7 +42,8 @@ class PodProbe:
     confirmation can) is followed by the next one at once. A failure that would change the
     state is confirmed by a second probe within the same turn
     (:meth:`~servehealth_common.probe.Prober.probe_confirmed`). Every result goes to
-    ``on_result``; a change is logged. Each finished turn beats ``watchdog``.
+    ``on_result``; a change is logged. Each finished turn beats ``watchdog`` and goes to
+    ``on_turn`` with its duration (the agent's metrics).
 
     With ``grid_phase`` (a DaemonSet agent, whose pods share one), probes start on a grid of
     ticks ``grid_phase + k * interval`` instead: the next start is the one tick in the interval
@@ -59,6 +67,7 @@ class PodProbe:
         grid_phase: float | None = None,
         grpc_address: str | None = None,
         watchdog: Watchdog | None = None,
+        on_turn: OnTurn = _no_turn,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
@@ -73,6 +82,7 @@ class PodProbe:
         self._rng = rng
         self._grid_phase = grid_phase
         self._watchdog = watchdog
+        self._on_turn = on_turn
         self._clock = clock
         self._sleep = sleep
 
@@ -90,9 +100,11 @@ class PodProbe:
         try:
             while True:
                 started = self._clock()
-                await self._probe_and_publish()
+                result = await self._probe_and_publish()
                 if watchdog is not None:
                     watchdog.probed()
+                if result is not None:
+                    self._on_turn(result.state, max(0.0, self._clock() - started))
                 await self._sleep(max(0.0, self._next_start(started) - self._clock()))
         finally:
             if watchdog is not None:
@@ -103,13 +115,14 @@ class PodProbe:
             return started + jittered_below(self._interval, self._rng)
         return next_tick(started, self._grid_phase, self._interval)
 
-    async def _probe_and_publish(self) -> None:
-        """One probe; its result becomes :attr:`latest` and goes to ``on_result``."""
+    async def _probe_and_publish(self) -> ProbeResult | None:
+        """One probe; its result becomes :attr:`latest`, goes to ``on_result`` and is returned
+        (None if the probe failed unexpectedly)."""
         try:
             result = await self.probe_once()
         except Exception:  # a probe's surprise must not end the agent: try again next turn
             log.exception("%s: probe failed", self.name)
-            return
+            return None
         previous, self.latest = self.latest, result
         # A new reason is news too (a pod with two proxies stays NO_PROXY while the other one
         # moves): without it, the aggregator would show the old reason until the next resync.
@@ -127,3 +140,4 @@ class PodProbe:
                 result.reason,
             )
         self._on_result(result, changed)
+        return result

@@ -23,6 +23,7 @@ import grpc
 from node_agent.attempt_log import AttemptLog
 from node_agent.flags import AgentFlags
 from node_agent.outbox import Outbox
+from node_agent.sink import NO_METRICS, MetricsSink
 from node_agent.token import DEFAULT_TOKEN_FILE, TokenFile
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
@@ -87,8 +88,10 @@ class ReportClient:
         who: str,
         rng: random.Random,
         batch_window: float = 0.0,
+        metrics: MetricsSink = NO_METRICS,
     ) -> None:
         self.settings = settings
+        self._metrics = metrics
         #: After a first change, wait this long for others before sending (0: send at once).
         self._batch_window = batch_window
         self.outbox = outbox
@@ -126,9 +129,10 @@ class ReportClient:
             try:
                 await self._stream_once()
             except Exception as error:  # never let one stream's surprise end the agent
+                self._metrics.stream_failed()
                 self._failed(error, was_connected=self.connected.is_set())
-            was_connected = self.connected.is_set()
-            self.connected.clear()
+            finally:
+                was_connected = self._closed()
             if self._next_address(was_connected):
                 log.debug("trying aggregator %s", self.address)
                 continue
@@ -139,6 +143,14 @@ class ReportClient:
                 delay = self._backoff.next()
             log.debug("reconnecting in %.2fs", delay)
             await asyncio.sleep(delay)
+
+    def _closed(self) -> bool:
+        """The stream is over (or never opened); whether it had been accepted."""
+        was_connected = self.connected.is_set()
+        if was_connected:
+            self.connected.clear()
+            self._metrics.connected(False)
+        return was_connected
 
     @property
     def address(self) -> str:
@@ -247,6 +259,7 @@ class ReportClient:
                 self._backoff.reset()
                 self._slow_backoff.reset()
                 self.connected.set()
+                self._metrics.connected(True)
                 log.info(
                     "connected to aggregator %s as %s%s",
                     self.address,

@@ -1,5 +1,7 @@
-"""What the agent process loads: not aiohttp (about 11.5 MiB of RSS in the sidecar), and not
-Ray (its gRPC ingress probe is a generic call: the agent never needs Ray's generated stubs).
+"""What the agent process loads: not aiohttp (about 11.5 MiB of RSS in the sidecar), not Ray
+(its gRPC ingress probe is a generic call: the agent never needs Ray's generated stubs), and
+not prometheus_client unless ``--metrics-listen`` asks for its endpoint (``node_agent.metrics``
+is imported only then).
 
 Checked in a fresh interpreter, since this test process has aiohttp loaded for its servers.
 """
@@ -11,8 +13,8 @@ import sys
 
 import pytest
 
-#: aiohttp and what only it brings in; Ray.
-HEAVY = ("aiohttp", "yarl", "multidict", "ray")
+#: aiohttp and what only it brings in; Ray; prometheus_client (only with --metrics-listen).
+HEAVY = ("aiohttp", "yarl", "multidict", "ray", "prometheus_client")
 
 IMPORT_AGENT = """
 import sys

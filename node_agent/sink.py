@@ -1,0 +1,56 @@
+"""What the agent tells its metrics, through one small interface.
+
+The probe loops (:mod:`node_agent.probing`, keyed by the agent: :mod:`node_agent.agent`,
+:mod:`node_agent.daemonset`) and the stream (:mod:`node_agent.stream`) call a
+:class:`MetricsSink`; only :mod:`node_agent.metrics`, loaded with ``--metrics-listen``, knows
+Prometheus. Without the flag they call :data:`NO_METRICS`, which does nothing (and the agent
+never loads prometheus_client). Every call is cheap: a few per probe turn, one per stream
+event; each is made from the event loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Protocol
+
+from servehealth_common.states import ServeState
+
+
+class MetricsSink(Protocol):
+    def probing(self, key: Hashable, namespace: str, name: str) -> None:
+        """A probe loop for the pod ``namespace/name`` starts; ``key`` names it from now on."""
+
+    def probed(self, key: Hashable, state: ServeState, seconds: float) -> None:
+        """A probe turn of ``key`` ended with ``state``, ``seconds`` after it started (a
+        confirmed failure: both probes and the delay between)."""
+
+    def not_probing(self, key: Hashable) -> None:
+        """The pod's probe loop stopped (the pod left the agent's view, or the agent stops)."""
+
+    def connected(self, up: bool) -> None:
+        """A Report stream was accepted by an aggregator (True), or is no longer open (False)."""
+
+    def stream_failed(self) -> None:
+        """A Report stream could not be opened, or ended; the agent tries again."""
+
+
+class NoMetrics:
+    """The sink of an agent without ``--metrics-listen``."""
+
+    def probing(self, key: Hashable, namespace: str, name: str) -> None:
+        pass
+
+    def probed(self, key: Hashable, state: ServeState, seconds: float) -> None:
+        pass
+
+    def not_probing(self, key: Hashable) -> None:
+        pass
+
+    def connected(self, up: bool) -> None:
+        pass
+
+    def stream_failed(self) -> None:
+        pass
+
+
+NO_METRICS: MetricsSink = NoMetrics()
