@@ -1,0 +1,235 @@
+"""``serve-health-cleanup`` on the Kubernetes API: read the Ray pods, look at the aggregator's
+Lease, and send the changes :mod:`aggregator.cleanup_rules` decides (or only print them, with
+``--dry-run``).
+
+Every request goes through :class:`~aggregator.kube.api.KubeApi` (bounded thread pool, a
+deadline on each call, errors from :mod:`servehealth_common.kube.errors`) and one client-side
+token bucket, as the aggregator's writer does. 429, 5xx, timeouts, broken connections and 409s
+are retried with the writer's backoff (:func:`aggregator.kube.writer.retry_delay`, honouring
+``Retry-After``) up to ``max_attempts`` attempts; a 404 means the pod was deleted meanwhile
+(counted as gone, not as a failure); any other error fails that pod and the others go on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import enum
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from aiolimiter import AsyncLimiter
+
+from aggregator.cleanup_rules import Change, CleanupRules, PodPlan, patch_of, plan
+from aggregator.kube.api import KubeApi
+from aggregator.kube.writer import RETRY_BACKOFF, retry_delay
+from aggregator.leader import LeaseStore
+from servehealth_common.kube.errors import APIConflictError, APIError, APINotFoundError
+from servehealth_common.pod_identity import PodKey
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class CleanupSettings:
+    namespaces: tuple[str, ...]  # empty: every namespace
+    pod_selector: str
+    dry_run: bool
+    qps: float
+    burst: int
+    concurrency: int
+
+
+class CleanupOutcome(enum.Enum):
+    CHANGED = "changed"
+    RIGHT = "already right"
+    FAILED = "failed"
+    GONE = "gone"
+
+
+@dataclass
+class Tally:
+    """Pods by outcome."""
+
+    counts: dict[CleanupOutcome, int] = field(
+        default_factory=lambda: dict.fromkeys(CleanupOutcome, 0)
+    )
+
+    def add(self, outcome: CleanupOutcome) -> None:
+        self.counts[outcome] += 1
+
+    @property
+    def failed(self) -> int:
+        return self.counts[CleanupOutcome.FAILED]
+
+    def summary(self, dry_run: bool) -> str:
+        changed = "would change" if dry_run else "changed"
+        total = sum(self.counts.values())
+        return (
+            f"summary: {total} pods: {self.counts[CleanupOutcome.CHANGED]} {changed}, "
+            f"{self.counts[CleanupOutcome.RIGHT]} already right, {self.failed} failed, "
+            f"{self.counts[CleanupOutcome.GONE]} gone (deleted meanwhile)"
+            + (" (dry run: nothing was changed)" if dry_run else "")
+        )
+
+
+@dataclass
+class Retrier:
+    """Retries one call on the errors worth retrying, with the aggregator writer's backoff."""
+
+    max_attempts: int
+    rng: random.Random = field(default_factory=random.Random)
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+
+    def delay(self, error: APIError, attempt: int) -> float:
+        if error.retry_after is not None:  # honoured, within reason (as the writer does)
+            return min(max(error.retry_after, RETRY_BACKOFF[0]), RETRY_BACKOFF[-1])
+        return retry_delay(attempt, self.rng)
+
+    async def call(self, call: Callable[[], Awaitable[T]]) -> T:
+        """``call()``, again after a backoff while it fails with an error worth retrying;
+        the last error after ``max_attempts`` (errors say what failed: no context added)."""
+        for attempt in range(1, self.max_attempts + 1):
+            try:
+                return await call()
+            except APIError as error:
+                worth = error.retryable or isinstance(error, APIConflictError)
+                if not worth or attempt == self.max_attempts:
+                    raise
+                delay = self.delay(error, attempt)
+                log.warning(
+                    "%s (attempt %d/%d, retrying in %.2fs)",
+                    error,
+                    attempt,
+                    self.max_attempts,
+                    delay,
+                )
+                await self.sleep(delay)
+        raise AssertionError("unreachable: max_attempts is at least 1")
+
+
+async def live_holder(
+    store: LeaseStore,
+    retrier: Retrier,
+    *,
+    watch: bool = True,
+    poll: float = 0.5,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> str:
+    """Who holds the aggregator's Lease and is alive; "" when nobody does.
+
+    Nobody: no Lease, an empty holder (released, as the aggregator does on SIGTERM), or, with
+    ``watch``, a record that did not change while watched for its ``leaseDurationSeconds``:
+    expiry is judged by observation, as :mod:`aggregator.leader`'s candidates do, never by the
+    ``renewTime`` written in it (clocks differ). Without ``watch``: whoever the Lease names.
+    """
+    lease = await retrier.call(store.get)
+    if lease is None or not lease.record.holder:
+        return ""
+    if not watch:
+        return lease.record.holder
+    first = lease.record
+    until = clock() + first.duration_seconds + poll
+    while (left := until - clock()) > 0:
+        await sleep(min(poll, left))
+        lease = await retrier.call(store.get)
+        if lease is None or not lease.record.holder:
+            return ""
+        if lease.record != first:
+            return lease.record.holder  # renewed (or taken over) while watched: alive
+    log.info(
+        "lease %s names %s but was not renewed for its %ds: expired",
+        store.describe(),
+        first.holder,
+        first.duration_seconds,
+    )
+    return ""
+
+
+def utc_now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Cleaner:
+    """Lists the Ray pods and applies each pod's plan; ``out`` gets one line per change (and
+    what is left alone), to be printed."""
+
+    def __init__(
+        self,
+        api: KubeApi,
+        rules: CleanupRules,
+        settings: CleanupSettings,
+        out: Callable[[str], None],
+        retrier: Retrier,
+        *,
+        now: Callable[[], str] = utc_now,
+    ) -> None:
+        self._api = api
+        self.rules = rules
+        self.settings = settings
+        self._out = out
+        self._retrier = retrier
+        self._now = now
+        self._limiter = AsyncLimiter(settings.burst, settings.burst / settings.qps)
+        self._slots = asyncio.Semaphore(settings.concurrency)
+
+    async def pods(self) -> list[dict[str, Any]]:
+        """Every pod the selector matches, in the namespaces asked for (all: none given)."""
+        found: list[dict[str, Any]] = []
+        selector = self.settings.pod_selector
+        for namespace in self.settings.namespaces or (None,):
+
+            async def listed(namespace: str | None = namespace) -> list[dict[str, Any]]:
+                items, _ = await self._api.list_pods(namespace, selector)
+                return items
+
+            found += await self._retrier.call(listed)
+        return found
+
+    async def run(self) -> Tally:
+        """Clean every pod up; APIError if the pods cannot be listed."""
+        plans = plan(await self.pods(), self.rules)
+        tally = Tally()
+        for outcome in await asyncio.gather(*(self._apply(p) for p in plans)):
+            tally.add(outcome)
+        return tally
+
+    async def _apply(self, pod: PodPlan) -> CleanupOutcome:
+        for kept in pod.kept:
+            self._out(f"{pod.key}: left alone: {kept}")
+        if not pod.changes:
+            log.debug("%s: already right", pod.key)
+            return CleanupOutcome.RIGHT
+        if self.settings.dry_run:
+            for change in pod.changes:
+                self._out(f"{pod.key}: would {change.describe()}")
+            return CleanupOutcome.CHANGED
+        failed = False
+        async with self._slots:
+            for change in pod.changes:
+                try:
+                    await self._retrier.call(lambda c=change: self._send(pod.key, c))
+                except APINotFoundError:
+                    self._out(f"{pod.key}: gone (deleted meanwhile); nothing to clean up")
+                    return CleanupOutcome.GONE
+                except APIError as error:
+                    log.error("%s: cannot %s: %s", pod.key, change.describe(), error)
+                    self._out(f"{pod.key}: FAILED to {change.describe()}")
+                    failed = True
+                    continue
+                self._out(f"{pod.key}: {change.describe()}")
+        return CleanupOutcome.FAILED if failed else CleanupOutcome.CHANGED
+
+    async def _send(self, key: PodKey, change: Change) -> dict[str, Any]:
+        await self._limiter.acquire()
+        body = patch_of(change, self._now())
+        if change.op.on_status:
+            return await self._api.patch_pod_status(key, body)
+        return await self._api.patch_pod(key, body)
