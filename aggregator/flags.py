@@ -111,7 +111,8 @@ class AggregatorFlags:
     )
     metrics_listen: str = setting(
         "0.0.0.0:9090",
-        "HOST:PORT of the Prometheus endpoint (/metrics); empty disables it.",
+        "HOST:PORT of the plaintext HTTP endpoint: Prometheus /metrics, and /livez and /readyz "
+        "for the kubelet's probes; empty disables it (and the probes).",
     )
     kube_backend: str = setting(
         "auto",

@@ -21,8 +21,9 @@ def enabled() -> Any:
     return setting(
         False,
         "Run as one of several replicas: only the holder of a coordination.k8s.io Lease "
-        "(the leader) accepts reports and writes to the API; a standby answers NOT_SERVING on "
-        "grpc.health.v1 and takes over when the leader is gone. Needs the kubernetes backend.",
+        "(the leader) accepts reports and writes to the API (and carries --leader-label); a "
+        "standby refuses reports, answers NOT_SERVING on grpc.health.v1 (service \"\") and "
+        "takes over when the leader is gone. Needs the kubernetes backend.",
     )
 
 

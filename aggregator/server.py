@@ -58,8 +58,9 @@ SERVICE_NAMES = (
     health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
 )
 #: grpc.health.v1 names SERVING only while this replica leads (pods listed; with
-#: --leader-elect, the Lease held): the Service's readiness probe asks for "", so neither a
-#: standby nor a replica still waiting for its first pod list gets agents.
+#: --leader-elect, the Lease held): for grpcurl and agents that know every replica. The
+#: kubelet's probes use /livez and /readyz on the metrics port (plaintext, whatever TLS the gRPC
+#: port has), and the Service selects the leader by its label (aggregator/leader_label.py).
 LEADER_ONLY = ("", SERVICE_NAMES[0])
 #: A grpc.health.v1 name SERVING for as long as the process runs, leader, standby or waiting
 #: for the Kubernetes API: for the liveness and startup probes (a replica must not be restarted
