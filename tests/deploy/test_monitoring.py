@@ -32,6 +32,7 @@ DASHBOARD = DEPLOY / "components" / "monitoring" / "dashboard.json"
 OVERLAYS = ["deploy/overlays/label-mode", "deploy/overlays/readiness-gate-mode"]
 NAMESPACE = "ray-serve-health"
 AGGREGATOR = "ray-serve-health-aggregator"
+METRICS_SERVICE = "ray-serve-health-aggregator-metrics"
 OPERATIONS = ROOT / "docs" / "operations.md"
 # Grafana's own interval variables, which are not PromQL, and what stands for them in a parse.
 GRAFANA_INTERVALS = re.compile(r"\$__(rate_interval|interval|range)\b|\$\{__(\w+)\}")
@@ -96,15 +97,21 @@ def test_servicemonitor_scrapes_the_aggregators_metrics_port(overlay: str, tmp_p
     monitor = find(objects, "ServiceMonitor")
     find(objects, "PrometheusRule")
     find(objects, "ConfigMap", "ray-serve-health-dashboard")
-    service = find(objects, "Service", AGGREGATOR)
     deployment = find(objects, "Deployment", AGGREGATOR)
+    # Selected in the ServiceMonitor's own namespace (no namespaceSelector), by the labels: the
+    # metrics Service alone, which selects every replica (not the leader-only Service).
+    assert "namespaceSelector" not in monitor["spec"]
+    wanted = monitor["spec"]["selector"]["matchLabels"].items()
+    (service,) = [
+        o
+        for o in objects
+        if o["kind"] == "Service" and wanted <= o["metadata"].get("labels", {}).items()
+    ]
+    assert service["metadata"]["name"] == METRICS_SERVICE
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
     for obj in (monitor, find(objects, "PrometheusRule"), service):
         assert obj["metadata"]["namespace"] == NAMESPACE, obj["kind"]
-    # Selected in the ServiceMonitor's own namespace (no namespaceSelector), by the labels.
-    assert "namespaceSelector" not in monitor["spec"]
-    assert (
-        monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
-    )
     (endpoint,) = monitor["spec"]["endpoints"]
     port = next(p for p in service["spec"]["ports"] if p["name"] == endpoint["port"])
     container = deployment["spec"]["template"]["spec"]["containers"][0]
@@ -227,15 +234,17 @@ def documented_alerts() -> list[str]:
     )
     assert paragraph, "docs/operations.md: no 'Alerts worth having:' paragraph"
     found = re.findall(r"`([^`]*serve_health_[^`]*)`", paragraph[1])
-    # And the leader-election one, in the section on the standby.
+    # And the leader-election one, where the section on the standby names it as an alert.
     found += re.findall(r"alert on\s*`(sum\(serve_health_leader\)[^`]*)`", text)
     return found
 
 
 def test_every_documented_alert_is_a_rule() -> None:
     documented = documented_alerts()
-    assert len(documented) >= 5, documented
+    assert len(documented) >= 4, documented
     expressions = [normal(rule["expr"]) for rule in rules()]
+    # Exactly one leader among the replicas (docs/operations.md, "High availability").
+    assert any("sum(serve_health_leader) != 1" in e for e in expressions), expressions
     for expression in documented:
         assert any(normal(expression) in e for e in expressions), f"no rule for `{expression}`"
     by_name = {rule["alert"]: rule for rule in rules()}

@@ -1,4 +1,4 @@
-"""The RBAC rules in deploy/ grant exactly what the code calls, no more and no less.
+"""The RBAC rules in deploy/ grant exactly what the code calls, per mode, no more and no less.
 
 All Kubernetes API calls go through two classes: ``KubeClient`` (servehealth_common/kube/client.py,
 the reads: all the DaemonSet agent may do) and its subclass ``KubeApi`` (aggregator/kube/api.py,
@@ -6,8 +6,14 @@ the aggregator's writes and token reviews on top). The table below names each of
 methods and the permissions it needs. The tests check that the table covers every public method
 (a new one fails until it is added), that each method's ``self.<api>.<call>`` (``api`` one of
 ``API_OBJECTS``: ``core`` is CoreV1Api, ...) agrees with the permissions the table gives it,
-that nothing else in the code calls the API, and that each ClusterRole is exactly the union for
-its component.
+that nothing else in the code calls the API, and that each installation binds exactly:
+
+- cluster-wide (ClusterRoleBindings), or in each Ray namespace (RoleBindings, the namespaced
+  overlay): what every mode calls, plus the write of its mode only (label mode: pods patch;
+  readiness-gate mode: pods/status patch, and no pods patch anywhere but its own namespace);
+- in the aggregator's own namespace (a Role): the Lease, and the leader label on its own pods
+  (the calls aggregator/kube/own_pods.py makes);
+- the DaemonSet agent: pods list and watch, cluster-wide or per Ray namespace.
 """
 
 from __future__ import annotations
@@ -120,10 +126,41 @@ def derived(method: object) -> set[Permission]:
     return found
 
 
-def split(permissions: set[Permission]) -> tuple[set[Permission], set[Permission]]:
-    """(cluster-wide, own namespace) parts of ``permissions``, see ``OWN_NAMESPACE``."""
-    own = {p for p in permissions if (p[0], p[1]) in OWN_NAMESPACE}
-    return permissions - own, own
+# What each mode writes (--mode): the other mode's write is not granted.
+WRITES: dict[str, set[str]] = {"label": {"patch_pod"}, "condition": {"patch_pod_status"}}
+# The installations, and the mode their settings ConfigMap names.
+INSTALLS = {
+    "deploy/overlays/label-mode": "label",
+    "deploy/overlays/readiness-gate-mode": "condition",
+    "deploy/overlays/shadow-mode": "label",
+    "deploy/overlays/namespaced": "condition",
+    "deploy/examples/production": "condition",
+    "deploy/examples/tls-secret": "label",
+}
+NAMESPACED = {"deploy/overlays/namespaced": ("ray",)}
+AGENT = "ray-serve-health-agent"
+# The leader label (--leader-label) on the aggregator's own pods: the calls of
+# aggregator/kube/own_pods.py, and pods get (the interface the Role was specified with).
+OWN_PODS = ROOT / "aggregator" / "kube" / "own_pods.py"
+OWN_POD_VERBS_ALLOWED = {("", "pods", "get"), ("", "pods", "list"), ("", "pods", "patch")}
+ALL = "*"  # the scope of a ClusterRoleBinding
+
+
+def own_pod_calls() -> set[Permission]:
+    """Permissions of the ``self._api.<method>`` calls in aggregator/kube/own_pods.py."""
+    methods = set(re.findall(r"self\._api\.(\w+)\(", OWN_PODS.read_text()))
+    assert methods, "own_pods.py calls no API method"
+    return set().union(*(CALLS[name] for name in methods))
+
+
+def cluster_calls(mode: str | None) -> set[Permission]:
+    """What the aggregator calls on Ray pods' namespaces (and tokenreviews) in ``mode``: every
+    call but the writes of the other modes (None: no write at all, deploy/base/aggregator)."""
+    writes = set().union(*WRITES.values())
+    wanted = writes if mode == "both" else WRITES.get(mode or "", set())
+    methods = public_methods(KubeApi) - NO_API_CALL - (writes - wanted)
+    calls = set().union(*(CALLS[name] for name in methods))
+    return {p for p in calls if (p[0], p[1]) not in OWN_NAMESPACE}
 
 
 def rules_of(role: dict) -> set[Permission]:
@@ -138,41 +175,42 @@ def rules_of(role: dict) -> set[Permission]:
     return permissions
 
 
-def bound(objects: list[dict], kind: str, name: str) -> dict:
-    """The (Cluster)Role ``name``, after checking that a binding of the same name gives it to
-    the ServiceAccount ``name`` and nobody else."""
-    role = find(objects, kind, name)
-    binding = find(objects, f"{kind}Binding", name)
-    assert binding["roleRef"] == {
-        "apiGroup": "rbac.authorization.k8s.io",
-        "kind": kind,
-        "name": name,
+def grants(objects: list[dict], account: str) -> dict[str, set[Permission]]:
+    """What the ServiceAccount ``account`` (in the aggregator's namespace) is granted, by scope:
+    ``ALL`` for ClusterRoleBindings, else the RoleBinding's namespace. Every binding that names
+    it names it alone, in the aggregator's namespace."""
+    account_namespace = find(objects, "ServiceAccount", account)["metadata"].get("namespace")
+    roles = {
+        (o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]): o
+        for o in objects
+        if o["kind"] in {"Role", "ClusterRole"}
     }
-    assert [(s["kind"], s["name"]) for s in binding["subjects"]] == [("ServiceAccount", name)]
-    return role
+    found: dict[str, set[Permission]] = {}
+    for binding in objects:
+        if binding["kind"] not in {"RoleBinding", "ClusterRoleBinding"}:
+            continue
+        subjects = [(s["kind"], s["name"], s.get("namespace")) for s in binding["subjects"]]
+        if not any(name == account for _, name, _ in subjects):
+            continue
+        assert subjects == [("ServiceAccount", account, account_namespace or "default")], subjects
+        scope = binding["metadata"].get(
+            "namespace", ALL if binding["kind"] == "ClusterRoleBinding" else None
+        )
+        ref = binding["roleRef"]
+        assert ref["apiGroup"] == "rbac.authorization.k8s.io"
+        role_namespace = (
+            None if ref["kind"] == "ClusterRole" else binding["metadata"].get("namespace")
+        )
+        role = roles.get((ref["kind"], role_namespace, ref["name"]))
+        assert role is not None, f"{binding['metadata']['name']}: no {ref['kind']} {ref['name']}"
+        found.setdefault(scope, set()).update(rules_of(role))
+    return found
 
 
-def granted(directory: str, name: str) -> set[Permission]:
-    """What the ClusterRole ``name`` grants (cluster-wide)."""
-    return rules_of(bound(render(directory), "ClusterRole", name))
-
-
-def granted_in_own_namespace(directory: str, name: str) -> set[Permission]:
-    """What the Role ``name`` grants in its namespace (none: no Role). Only the aggregator
-    has a Role, and it lives where the aggregator (its ServiceAccount) does."""
-    objects = render(directory)
-    namespaced = [o for o in objects if o["kind"] in {"Role", "RoleBinding"}]
-    assert {o["metadata"]["name"] for o in namespaced} <= {AGGREGATOR}, "unexpected Role"
-    if not any(o["kind"] == "Role" and o["metadata"]["name"] == name for o in objects):
-        return set()
-    role = bound(objects, "Role", name)
-    binding = find(objects, "RoleBinding", name)
-    account = find(objects, "ServiceAccount", name)
-    namespace = account["metadata"].get("namespace")
-    assert role["metadata"].get("namespace") == binding["metadata"].get("namespace") == namespace
-    if namespace:  # an overlay's: the subject is the ServiceAccount in that same namespace
-        assert binding["subjects"][0].get("namespace") == namespace
-    return rules_of(role)
+def settings_mode(objects: list[dict]) -> str:
+    return find(objects, "ConfigMap", "ray-serve-health-aggregator-settings")["data"][
+        "SERVE_HEALTH_MODE"
+    ]
 
 
 @pytest.mark.parametrize("cls", [KubeClient, KubeApi], ids=lambda c: c.__name__)
@@ -218,31 +256,70 @@ def test_the_clients_build_only_the_tabled_api_objects() -> None:
     assert set(re.findall(API_OBJECT, (ROOT / "aggregator/kube/api.py").read_text())) <= tabled
 
 
-def test_aggregator_role_is_exactly_what_its_code_calls() -> None:
-    cluster, own = split(needed(KubeApi))
-    assert own == {
+def test_the_leader_label_calls_are_tabled() -> None:
+    assert own_pod_calls() <= OWN_POD_VERBS_ALLOWED
+
+
+def test_base_aggregator_grants_reads_and_its_own_namespace_only() -> None:
+    objects = render("deploy/base/aggregator")
+    namespace = find(objects, "ServiceAccount", AGGREGATOR)["metadata"].get("namespace")
+    by_scope = grants(objects, AGGREGATOR)
+    assert by_scope.pop(ALL) == cluster_calls(None)
+    own = by_scope.pop(namespace)
+    assert {p for p in own if (p[0], p[1]) in OWN_NAMESPACE} == {
         ("coordination.k8s.io", "leases", "get"),
         ("coordination.k8s.io", "leases", "create"),
         ("coordination.k8s.io", "leases", "update"),
     }
-    assert granted("deploy/base/aggregator", AGGREGATOR) == cluster
-    assert granted_in_own_namespace("deploy/base/aggregator", AGGREGATOR) == own
+    assert not by_scope
 
 
-def test_agent_role_is_exactly_what_its_client_calls() -> None:
-    permissions = granted("deploy/base/agent-daemonset", "ray-serve-health-agent")
-    assert permissions == needed(KubeClient) == {("", "pods", "list"), ("", "pods", "watch")}
-    assert (
-        granted_in_own_namespace("deploy/base/agent-daemonset", "ray-serve-health-agent") == set()
-    )
+@pytest.mark.parametrize("directory", sorted(INSTALLS))
+def test_each_install_grants_exactly_what_its_mode_calls(directory: str) -> None:
+    objects = render(directory)
+    mode = INSTALLS[directory]
+    assert settings_mode(objects) == mode
+    namespace = find(objects, "ServiceAccount", AGGREGATOR)["metadata"]["namespace"]
+    by_scope = grants(objects, AGGREGATOR)
+    # Its own namespace: the Lease, and the leader label on its own pods.
+    own = by_scope.pop(namespace)
+    leases = {p for p in own if (p[0], p[1]) in OWN_NAMESPACE}
+    assert leases == {p for p in needed(KubeApi) if (p[0], p[1]) in OWN_NAMESPACE}
+    assert own_pod_calls() <= own - leases <= OWN_POD_VERBS_ALLOWED
+    ray_namespaces = NAMESPACED.get(directory)
+    if ray_namespaces is None:
+        assert by_scope.pop(ALL) == cluster_calls(mode)
+    else:
+        # Only tokenreviews stays cluster-wide (no RoleBinding can grant them).
+        assert by_scope.pop(ALL) == {("authentication.k8s.io", "tokenreviews", "create")}
+        for ray_namespace in ray_namespaces:
+            assert by_scope.pop(ray_namespace) == cluster_calls(mode) - {
+                ("authentication.k8s.io", "tokenreviews", "create")
+            }
+    assert not by_scope, f"unexpected grants: {by_scope}"
 
 
 @pytest.mark.parametrize(
-    "directory", ["deploy/overlays/label-mode", "deploy/overlays/readiness-gate-mode"]
+    "directory", sorted(d for d, mode in INSTALLS.items() if mode == "condition")
 )
-def test_overlays_keep_the_roles(directory: str) -> None:
-    cluster, own = split(needed(KubeApi))
-    assert granted(directory, AGGREGATOR) == cluster
-    assert granted_in_own_namespace(directory, AGGREGATOR) == own
-    assert granted(directory, "ray-serve-health-agent") == needed(KubeClient)
-    assert granted_in_own_namespace(directory, "ray-serve-health-agent") == set()
+def test_readiness_gate_mode_never_patches_ray_pods(directory: str) -> None:
+    """pods patch could rewrite any pod's spec: in readiness-gate mode the aggregator has it in
+    its own namespace only (the leader label), nowhere else."""
+    objects = render(directory)
+    namespace = find(objects, "ServiceAccount", AGGREGATOR)["metadata"]["namespace"]
+    for scope, permissions in grants(objects, AGGREGATOR).items():
+        if scope != namespace:
+            assert ("", "pods", "patch") not in permissions, scope
+
+
+def test_agent_role_is_exactly_what_its_client_calls() -> None:
+    objects = render("deploy/base/agent-daemonset")
+    assert grants(objects, AGENT) == {ALL: needed(KubeClient)}
+    assert needed(KubeClient) == {("", "pods", "list"), ("", "pods", "watch")}
+
+
+@pytest.mark.parametrize("directory", sorted(d for d in INSTALLS if "examples" not in d))
+def test_agents_read_pods_cluster_wide_or_per_ray_namespace(directory: str) -> None:
+    by_scope = grants(render(directory), AGENT)
+    scopes = NAMESPACED.get(directory, (ALL,))
+    assert by_scope == {scope: needed(KubeClient) for scope in scopes}

@@ -14,7 +14,9 @@ import yaml
 from tests.deploy import crd_schemas
 from tests.deploy.manifests import ROOT, render, renderable
 
-OLDEST_SUPPORTED = "1.27.0"  # docs/install.md: native gRPC probes are GA from 1.27
+# docs/install.md: ValidatingAdmissionPolicy (admissionregistration.k8s.io/v1) is GA from 1.30,
+# as is the node of a DaemonSet agent's token.
+OLDEST_SUPPORTED = "1.30.0"
 # The operator's docs (issue 6); other pages in docs/ have tests of their own.
 DOCS = [ROOT / "docs" / name for name in ("install.md", "configuration.md", "operations.md")]
 
@@ -43,8 +45,9 @@ def problems(validator: Any, obj: dict[str, Any]) -> list[str]:
     # test_kustomize.py check the parts of it that matter here.
     if obj["apiVersion"].split("/")[0] == "ray.io":
         return []
-    # The Prometheus Operator's kinds (deploy/components/monitoring): against the schemas of
-    # its CRDs, vendored in tests/deploy/crds/ (the same for every Kubernetes version).
+    # The Prometheus Operator's kinds (deploy/components/monitoring) and cert-manager's
+    # (deploy/components/tls-cert-manager): against the schemas of their CRDs, vendored in
+    # tests/deploy/crds/ (the same for every Kubernetes version).
     if obj["apiVersion"].split("/")[0] in crd_schemas.groups():
         return [
             f"{obj['kind']} {obj['metadata'].get('name')}: {p}" for p in crd_schemas.problems(obj)
@@ -67,14 +70,23 @@ def test_rendered_objects_validate(validator: Any, directory: Path) -> None:
 
 
 def test_validation_is_not_vacuous(validator: Any) -> None:
-    """A misspelt field and a wrong type are caught, so a pass above means something."""
+    """A misspelt field and a wrong type are caught, so a pass above means something; and the
+    oldest version checked is old enough to matter (1.29 has no admission policy v1)."""
     deployment = next(o for o in render("deploy/base/aggregator") if o["kind"] == "Deployment")
     container = deployment["spec"]["template"]["spec"]["containers"][0]
-    container["readinessProbe"]["grpc"]["prot"] = 50051
+    container["readinessProbe"]["httpGet"]["pth"] = "/readyz"
     assert problems(validator, deployment)
-    del container["readinessProbe"]["grpc"]["prot"]
-    container["readinessProbe"]["grpc"]["port"] = "grpc"  # gRPC probes take a number only
+    del container["readinessProbe"]["httpGet"]["pth"]
+    container["readinessProbe"]["httpGet"]["port"] = ["metrics"]
     assert problems(validator, deployment)
+    policy = next(
+        o
+        for o in render("deploy/overlays/label-mode")
+        if o["kind"] == "ValidatingAdmissionPolicy"
+    )
+    assert not problems(validator, policy)
+    with pytest.raises(validator.SchemaNotFoundError):
+        validator.validate(policy, "1.29.0", strict=True)
 
 
 def kubernetes_yaml_blocks() -> list[Any]:

@@ -1,0 +1,612 @@
+"""deploy/components/admission-policy: the ValidatingAdmissionPolicy that keeps the aggregator's
+writes to its one label, its leader label and its one condition, evaluated as the API server
+would, on sample admission requests.
+
+The policy is taken from the rendered overlays, its parameters from the settings ConfigMap they
+render (the one the aggregator reads). Every expression (match condition, variables in order,
+validations and their messages) is compiled and evaluated with cel-python (``celpy``): the
+policy uses standard CEL only, so a pass here means the same expressions, the same answers, in
+the API server (which evaluates ``object``, ``oldObject`` and ``params`` as untyped maps, as
+here). An expression that fails to evaluate counts as a refusal, as ``failurePolicy: Fail``
+makes it. The cases are a table: allowed (the label flipped, added, removed; the leader label;
+the condition flipped, added, removed; requests of anyone else, which the match condition leaves
+alone) and refused (another label, an annotation, the image, owner references, a status field, a
+condition of another type, another mode's write, other operations)."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import os
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import celpy
+import pytest
+import yaml
+from celpy import celtypes
+
+from tests.deploy.manifests import ROOT, SETTINGS, find, kubectl, render
+
+NAMESPACE = "ray-serve-health"
+ACCOUNT = f"system:serviceaccount:{NAMESPACE}:ray-serve-health-aggregator"
+LABEL_MODE = "deploy/overlays/label-mode"
+GATE_MODE = "deploy/overlays/readiness-gate-mode"
+LABEL = "ray.io/serve"
+LEADER = "ray-serve-health/leader"
+CONDITION = "ray.io/serve-proxy-healthy"
+
+
+# -- evaluating the policy --------------------------------------------------------------
+
+
+@dataclass
+class Verdict:
+    matched: bool
+    #: The messages of the validations that failed (or errors): empty means admitted.
+    refusals: list[str] = field(default_factory=list)
+
+    @property
+    def allowed(self) -> bool:
+        return not self.refusals
+
+
+class Policy:
+    """The policy's CEL, compiled once; ``admit`` answers one request as the API server would
+    for a binding with ``validationActions: [Deny]``."""
+
+    def __init__(self, policy: dict[str, Any]) -> None:
+        self.env = celpy.Environment()
+        spec = policy["spec"]
+        self.match = [self._compile(c["expression"]) for c in spec.get("matchConditions", [])]
+        self.variables = [(v["name"], self._compile(v["expression"])) for v in spec["variables"]]
+        self.validations = [
+            (
+                self._compile(v["expression"]),
+                self._compile(v["messageExpression"]) if "messageExpression" in v else None,
+                v.get("message", ""),
+            )
+            for v in spec["validations"]
+        ]
+
+    def _compile(self, expression: str) -> Any:
+        return self.env.program(self.env.compile(expression))
+
+    @staticmethod
+    def _run(program: Any, activation: dict[str, Any]) -> Any:
+        try:
+            result = program.evaluate(activation)
+        except celpy.CELEvalError as error:
+            return error
+        return result
+
+    def admit(
+        self,
+        request: dict[str, Any],
+        obj: dict[str, Any] | None,
+        old: dict[str, Any] | None,
+        params: dict[str, Any],
+    ) -> Verdict:
+        activation: dict[str, Any] = {
+            "request": celpy.json_to_cel(request),
+            "object": celpy.json_to_cel(obj),
+            "oldObject": celpy.json_to_cel(old),
+            "params": celpy.json_to_cel(params),
+        }
+        for program in self.match:
+            result = self._run(program, activation)
+            if isinstance(result, celpy.CELEvalError):
+                return Verdict(True, [f"match condition error: {result}"])  # failurePolicy Fail
+            if result is not celtypes.BoolType(True) and not result:
+                return Verdict(False)
+        variables: dict[Any, Any] = {}
+        activation["variables"] = celtypes.MapType(variables)
+        for name, program in self.variables:
+            variables[celtypes.StringType(name)] = self._run(program, activation)
+            activation["variables"] = celtypes.MapType(variables)
+        verdict = Verdict(True)
+        for expression, message_expression, message in self.validations:
+            result = self._run(expression, activation)
+            if isinstance(result, celpy.CELEvalError):
+                verdict.refusals.append(f"error: {result}")
+            elif not result:
+                text = message
+                if message_expression is not None:
+                    rendered = self._run(message_expression, activation)
+                    assert isinstance(rendered, str), f"messageExpression failed: {rendered}"
+                    text = str(rendered)
+                verdict.refusals.append(text)
+        return verdict
+
+
+@functools.cache
+def rendered(directory: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """(policy, binding, settings ConfigMap) as ``directory`` renders them."""
+    objects = render(directory)
+    return (
+        find(objects, "ValidatingAdmissionPolicy"),
+        find(objects, "ValidatingAdmissionPolicyBinding"),
+        find(objects, "ConfigMap", SETTINGS),
+    )
+
+
+@functools.cache
+def policy() -> Policy:
+    return Policy(rendered(LABEL_MODE)[0])
+
+
+def params(directory: str = LABEL_MODE, **changes: str | None) -> dict[str, Any]:
+    """The settings ConfigMap ``directory`` renders, with some keys changed (None: removed)."""
+    configmap = copy.deepcopy(rendered(directory)[2])
+    for key, value in changes.items():
+        if value is None:
+            configmap["data"].pop(key, None)
+        else:
+            configmap["data"][key] = value
+    return configmap
+
+
+# -- sample requests --------------------------------------------------------------------
+
+
+def request(operation: str = "UPDATE", sub: str = "", user: str = ACCOUNT) -> dict[str, Any]:
+    return {
+        "operation": operation,
+        "subResource": sub,
+        "resource": {"group": "", "version": "v1", "resource": "pods"},
+        "userInfo": {"username": user, "groups": ["system:serviceaccounts"]},
+        "namespace": "ray",
+        "name": "worker-1",
+    }
+
+
+def pod(
+    namespace: str = "ray",
+    labels: dict[str, str] | None = None,
+    conditions: list[dict[str, str]] | None = None,
+) -> dict[str, Any]:
+    """A Ray worker as the API server holds it (what matters here of it)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "worker-1",
+            "namespace": namespace,
+            "uid": "7f1c0e52-0000-4000-8000-000000000001",
+            "resourceVersion": "1001",
+            "creationTimestamp": "2026-12-01T10:00:00Z",
+            "labels": {
+                "ray.io/node-type": "worker",
+                "ray.io/cluster": "rayservice-sample-raycluster-abcde",
+                LABEL: "true",
+            }
+            if labels is None
+            else labels,
+            "annotations": {"ray.io/ft-enabled": "false"},
+            "ownerReferences": [
+                {"apiVersion": "ray.io/v1", "kind": "RayCluster", "name": "raycluster", "uid": "u"}
+            ],
+            "managedFields": [{"manager": "kuberay-operator", "operation": "Update"}],
+        },
+        "spec": {
+            "nodeName": "node-a",
+            "containers": [{"name": "ray-worker", "image": "rayproject/ray:2.60.0"}],
+            "readinessGates": [{"conditionType": CONDITION}],
+        },
+        "status": {
+            "phase": "Running",
+            "podIP": "10.0.0.7",
+            "podIPs": [{"ip": "10.0.0.7"}],
+            "conditions": [
+                {"type": "Ready", "status": "True"},
+                {"type": CONDITION, "status": "True", "reason": "ProxyServing"},
+            ]
+            if conditions is None
+            else conditions,
+        },
+    }
+
+
+def aggregator_pod(labels: dict[str, str] | None = None) -> dict[str, Any]:
+    obj = pod(namespace=NAMESPACE, labels={"app.kubernetes.io/component": "aggregator"})
+    obj["metadata"]["name"] = "ray-serve-health-aggregator-5d9c-x"
+    if labels is not None:
+        obj["metadata"]["labels"] = labels
+    return obj
+
+
+def changed(obj: dict[str, Any], edit: Any) -> dict[str, Any]:
+    """A copy of ``obj`` after ``edit`` (which changes it in place), with what the API server
+    itself changes on every write (managedFields)."""
+    new = copy.deepcopy(obj)
+    edit(new)
+    new["metadata"]["managedFields"] = [
+        *new["metadata"]["managedFields"],
+        {"manager": "serve-health-aggregator", "operation": "Update"},
+    ]
+    return new
+
+
+def set_label(key: str, value: str | None) -> Any:
+    def edit(obj: dict[str, Any]) -> None:
+        if value is None:
+            obj["metadata"]["labels"].pop(key, None)
+        else:
+            obj["metadata"]["labels"][key] = value
+
+    return edit
+
+
+def set_condition(kind: str, status: str | None) -> Any:
+    def edit(obj: dict[str, Any]) -> None:
+        conditions = [c for c in obj["status"]["conditions"] if c["type"] != kind]
+        if status is not None:
+            conditions.append({"type": kind, "status": status, "reason": "Probed"})
+        obj["status"]["conditions"] = conditions
+
+    return edit
+
+
+def all_of(*edits: Any) -> Any:
+    def edit(obj: dict[str, Any]) -> None:
+        for one in edits:
+            one(obj)
+
+    return edit
+
+
+def set_path(*path: str, value: Any) -> Any:
+    def edit(obj: dict[str, Any]) -> None:
+        target = obj
+        for key in path[:-1]:
+            target = target[key]
+        target[path[-1]] = value
+
+    return edit
+
+
+def set_image(obj: dict[str, Any]) -> None:
+    obj["spec"]["containers"][0]["image"] = "attacker/miner:latest"
+
+
+# -- the cases --------------------------------------------------------------------------
+
+WORKER = pod()
+WORKER_OUT = pod(labels={"ray.io/node-type": "worker", LABEL: "false"})
+WORKER_UNLABELLED = pod(labels={"ray.io/node-type": "worker"})
+NOT_RAY = pod(namespace="kube-system", labels={"k8s-app": "kube-dns"})
+GATED = pod(
+    conditions=[{"type": "Ready", "status": "False"}, {"type": CONDITION, "status": "False"}]
+)
+UNGATED = pod(conditions=[{"type": "Ready", "status": "True"}])
+AGGREGATOR_POD = aggregator_pod()
+LEADER_POD = aggregator_pod({"app.kubernetes.io/component": "aggregator", LEADER: "true"})
+# The same ServiceAccount name in another namespace: another installation, or nobody's.
+ELSEWHERE = "system:serviceaccount:other:ray-serve-health-aggregator"
+KUBELET = "system:node:node-a"
+
+# (request, old object, edit or None for the object as sent, settings source) per case.
+Case = tuple[dict[str, Any], dict[str, Any] | None, Any, str]
+
+ALLOWED: dict[str, Case] = {
+    "label-flipped-to-false": (request(), WORKER, set_label(LABEL, "false"), LABEL_MODE),
+    "label-flipped-back-to-true": (request(), WORKER_OUT, set_label(LABEL, "true"), LABEL_MODE),
+    "label-added": (request(), WORKER_UNLABELLED, set_label(LABEL, "true"), LABEL_MODE),
+    "label-removed": (request(), WORKER, set_label(LABEL, None), LABEL_MODE),
+    "label-rewritten-unchanged": (request(), WORKER, set_label(LABEL, "true"), LABEL_MODE),
+    "label-in-both-mode": (request(), WORKER, set_label(LABEL, "false"), "both"),
+    "leader-label-on-own-pod": (request(), AGGREGATOR_POD, set_label(LEADER, "true"), GATE_MODE),
+    "leader-label-removed": (request(), LEADER_POD, set_label(LEADER, None), GATE_MODE),
+    "leader-label-in-label-mode": (
+        request(),
+        AGGREGATOR_POD,
+        set_label(LEADER, "true"),
+        LABEL_MODE,
+    ),
+    "condition-flipped-to-true": (
+        request(sub="status"),
+        GATED,
+        set_condition(CONDITION, "True"),
+        GATE_MODE,
+    ),
+    "condition-flipped-to-false": (
+        request(sub="status"),
+        WORKER,
+        set_condition(CONDITION, "False"),
+        GATE_MODE,
+    ),
+    "condition-added": (
+        request(sub="status"),
+        UNGATED,
+        set_condition(CONDITION, "True"),
+        GATE_MODE,
+    ),
+    "condition-removed": (request(sub="status"), WORKER, set_condition(CONDITION, None), GATE_MODE),
+    "resource-version-moves": (
+        request(),
+        WORKER,
+        all_of(set_label(LABEL, "false"), set_path("metadata", "resourceVersion", value="1002")),
+        LABEL_MODE,
+    ),
+    # Not the aggregator: the match condition leaves the request alone, whatever it does.
+    "other-account-changes-image": (
+        request(user="system:serviceaccount:ray:deployer"),
+        WORKER,
+        set_image,
+        LABEL_MODE,
+    ),
+    "same-name-other-namespace": (request(user=ELSEWHERE), WORKER, set_image, LABEL_MODE),
+    "kubelet-writes-status": (
+        request(sub="status", user=KUBELET),
+        WORKER,
+        all_of(set_condition("Ready", "False"), set_path("status", "podIP", value="10.0.0.9")),
+        GATE_MODE,
+    ),
+    "other-account-deletes": (request("DELETE", user=KUBELET), WORKER, None, LABEL_MODE),
+}
+
+REFUSED: dict[str, Case] = {
+    "another-label": (
+        request(),
+        WORKER,
+        all_of(set_label(LABEL, "false"), set_label("team", "x")),
+        LABEL_MODE,
+    ),
+    "kuberay-label": (request(), WORKER, set_label("ray.io/node-type", "head"), LABEL_MODE),
+    "label-value-not-boolean": (request(), WORKER, set_label(LABEL, "maybe"), LABEL_MODE),
+    "label-on-a-pod-not-ray": (request(), NOT_RAY, set_label(LABEL, "true"), LABEL_MODE),
+    "label-in-condition-mode": (request(), WORKER, set_label(LABEL, "false"), GATE_MODE),
+    "label-through-status": (request(sub="status"), WORKER, set_label(LABEL, "false"), LABEL_MODE),
+    "annotation-added": (
+        request(),
+        WORKER,
+        all_of(set_label(LABEL, "false"), set_path("metadata", "annotations", "x", value="y")),
+        LABEL_MODE,
+    ),
+    "annotations-removed": (
+        request(),
+        WORKER,
+        set_path("metadata", "annotations", value={}),
+        LABEL_MODE,
+    ),
+    "owner-references": (
+        request(),
+        WORKER,
+        set_path("metadata", "ownerReferences", value=[]),
+        LABEL_MODE,
+    ),
+    "finalizer-added": (
+        request(),
+        WORKER,
+        set_path("metadata", "finalizers", value=["example.com/hold"]),
+        LABEL_MODE,
+    ),
+    "image": (request(), WORKER, all_of(set_label(LABEL, "false"), set_image), LABEL_MODE),
+    "image-in-kube-system": (request(), NOT_RAY, set_image, LABEL_MODE),
+    "leader-label-elsewhere": (request(), WORKER, set_label(LEADER, "true"), LABEL_MODE),
+    "leader-label-false": (request(), AGGREGATOR_POD, set_label(LEADER, "false"), GATE_MODE),
+    "another-condition": (
+        request(sub="status"),
+        WORKER,
+        set_condition("Ready", "False"),
+        GATE_MODE,
+    ),
+    "condition-unknown": (
+        request(sub="status"),
+        WORKER,
+        set_condition(CONDITION, "Unknown"),
+        GATE_MODE,
+    ),
+    "condition-in-label-mode": (
+        request(sub="status"),
+        WORKER,
+        set_condition(CONDITION, "False"),
+        LABEL_MODE,
+    ),
+    "condition-through-pod-update": (
+        request(),
+        WORKER,
+        set_condition(CONDITION, "False"),
+        GATE_MODE,
+    ),
+    "pod-ip": (
+        request(sub="status"),
+        WORKER,
+        all_of(
+            set_condition(CONDITION, "False"),
+            set_path("status", "podIPs", value=[{"ip": "6.6.6.6"}]),
+        ),
+        GATE_MODE,
+    ),
+    "phase": (
+        request(sub="status"),
+        WORKER,
+        set_path("status", "phase", value="Failed"),
+        GATE_MODE,
+    ),
+    "status-field-of-a-newer-kubernetes": (
+        request(sub="status"),
+        WORKER,
+        set_path("status", "observedGeneration", value=7),
+        GATE_MODE,
+    ),
+    "delete": (request("DELETE"), WORKER, None, LABEL_MODE),
+    "eviction": (request("CREATE", sub="eviction"), WORKER, None, LABEL_MODE),
+    "ephemeral-container": (
+        request(sub="ephemeralcontainers"),
+        WORKER,
+        set_path("spec", "ephemeralContainers", value=[{"name": "debug", "image": "busybox"}]),
+        GATE_MODE,
+    ),
+    "resize": (request(sub="resize"), WORKER, set_image, LABEL_MODE),
+}
+
+
+# Which rule refuses each case (a word of its message).
+LABELS, METADATA, SPEC = "only the label", "metadata", "spec"
+CONDITIONS, STATUS, UPDATE_ONLY = "only the condition", "status other", "only update"
+WHY = {
+    "another-label": LABELS,
+    "kuberay-label": LABELS,
+    "label-value-not-boolean": LABELS,
+    "label-on-a-pod-not-ray": LABELS,
+    "label-in-condition-mode": LABELS,
+    "label-through-status": LABELS,
+    "annotation-added": METADATA,
+    "annotations-removed": METADATA,
+    "owner-references": METADATA,
+    "finalizer-added": METADATA,
+    "image": SPEC,
+    "image-in-kube-system": SPEC,
+    "leader-label-elsewhere": LABELS,
+    "leader-label-false": LABELS,
+    "another-condition": CONDITIONS,
+    "condition-unknown": CONDITIONS,
+    "condition-in-label-mode": CONDITIONS,
+    "condition-through-pod-update": CONDITIONS,
+    "pod-ip": STATUS,
+    "phase": STATUS,
+    "status-field-of-a-newer-kubernetes": STATUS,
+    "delete": UPDATE_ONLY,
+    "eviction": UPDATE_ONLY,
+    "ephemeral-container": UPDATE_ONLY,
+    "resize": UPDATE_ONLY,
+}
+
+
+def evaluate(case: Case) -> Verdict:
+    req, old, edit, source = case
+    settings = params(LABEL_MODE, SERVE_HEALTH_MODE="both") if source == "both" else params(source)
+    if req["operation"] == "DELETE":
+        obj = None
+    elif req["operation"] == "CREATE":
+        obj = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "worker-1"}}
+        old = None
+    else:
+        assert old is not None
+        obj = changed(old, edit)
+    return policy().admit(req, obj, old, settings)
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=name) for name, c in ALLOWED.items()])
+def test_allowed(case: Case) -> None:
+    verdict = evaluate(case)
+    assert verdict.allowed, verdict.refusals
+
+
+@pytest.mark.parametrize("name", list(REFUSED))
+def test_refused(name: str) -> None:
+    verdict = evaluate(REFUSED[name])
+    assert verdict.matched
+    assert verdict.refusals
+    for message in verdict.refusals:
+        assert message.startswith("ray-serve-health-aggregator may "), message
+    assert any(WHY[name] in message for message in verdict.refusals), verdict.refusals
+
+
+def test_every_refusal_says_why() -> None:
+    assert set(WHY) == set(REFUSED)
+
+
+def test_other_users_are_not_matched_at_all() -> None:
+    for user in (ELSEWHERE, KUBELET, "system:serviceaccount:kuberay:kuberay-operator"):
+        verdict = policy().admit(
+            request(user=user), changed(WORKER, set_image), WORKER, params(LABEL_MODE)
+        )
+        assert not verdict.matched, user
+
+
+def test_refusals_name_the_configured_label_and_the_pod() -> None:
+    verdict = evaluate(REFUSED["another-label"])
+    assert verdict.refusals == [
+        f"ray-serve-health-aggregator may change only the label {LABEL} (true or false, on Ray "
+        f"pods, in label mode) and {LEADER} (true, on pods of {NAMESPACE}): pod ray/worker-1"
+    ]
+    verdict = evaluate(REFUSED["another-condition"])
+    assert verdict.refusals == [
+        f"ray-serve-health-aggregator may change only the condition {CONDITION} (True or False, "
+        "on pods/status, in condition mode) among the conditions of pod ray/worker-1"
+    ]
+
+
+def test_the_policy_follows_the_settings_configmap() -> None:
+    """Change the label key in the one ConfigMap: the policy allows the new key and refuses
+    the old one; without the keys, the aggregator's own defaults."""
+    own_key = params(LABEL_MODE, SERVE_HEALTH_LABEL_KEY="ray-serve-health/serve")
+    flip_new = changed(WORKER, set_label("ray-serve-health/serve", "false"))
+    flip_old = changed(WORKER, set_label(LABEL, "false"))
+    assert policy().admit(request(), flip_new, WORKER, own_key).allowed
+    assert not policy().admit(request(), flip_old, WORKER, own_key).allowed
+    bare = params(
+        LABEL_MODE,
+        SERVE_HEALTH_MODE=None,
+        SERVE_HEALTH_LABEL_KEY=None,
+        SERVE_HEALTH_CONDITION_TYPE=None,
+        SERVE_HEALTH_LEADER_LABEL=None,
+    )
+    assert policy().admit(request(), flip_old, WORKER, bare).allowed  # label mode, ray.io/serve
+    leader = changed(AGGREGATOR_POD, set_label(LEADER, "true"))
+    assert policy().admit(request(), leader, AGGREGATOR_POD, bare).allowed
+    del bare["data"]
+    assert policy().admit(request(), flip_old, WORKER, bare).allowed
+
+
+def test_the_aggregator_account_is_taken_from_the_configmaps_namespace() -> None:
+    moved = params(LABEL_MODE)
+    moved["metadata"]["namespace"] = "other"
+    edit = changed(WORKER, set_image)
+    assert policy().admit(request(user=ELSEWHERE), edit, WORKER, moved).refusals
+    assert not policy().admit(request(), edit, WORKER, moved).matched
+
+
+@pytest.mark.parametrize("directory", [LABEL_MODE, GATE_MODE, "deploy/overlays/namespaced"])
+def test_the_binding_enforces_the_policy_with_the_aggregators_settings(directory: str) -> None:
+    vap, binding, configmap = rendered(directory)
+    assert vap["spec"] == rendered(LABEL_MODE)[0]["spec"]  # one policy for every mode
+    assert vap["spec"]["failurePolicy"] == "Fail"
+    assert vap["spec"]["paramKind"] == {"apiVersion": "v1", "kind": "ConfigMap"}
+    (rule,) = vap["spec"]["matchConstraints"]["resourceRules"]
+    assert rule["apiGroups"] == [""]
+    assert set(rule["resources"]) == {"pods", "pods/*"}  # status and every other subresource
+    assert rule["operations"] == ["*"]
+    assert binding["spec"]["policyName"] == vap["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    assert binding["spec"]["paramRef"] == {
+        "name": configmap["metadata"]["name"],
+        "namespace": configmap["metadata"]["namespace"],
+        # Deny would refuse every pod update in the cluster while the ConfigMap is missing.
+        "parameterNotFoundAction": "Allow",
+    }
+    for validation in vap["spec"]["validations"]:
+        assert validation["reason"] == "Forbidden"
+        assert validation.get("message") or validation.get("messageExpression")
+
+
+def test_a_user_overlay_in_another_namespace_moves_the_parameters_along(tmp_path: Path) -> None:
+    """The binding's paramRef.namespace follows a `namespace:` set on top of an overlay."""
+    here = tmp_path / "mine"
+    here.mkdir()
+    (here / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                "namespace": "platform",
+                "resources": [os.path.relpath(ROOT / GATE_MODE, here)],
+            }
+        )
+    )
+    result = subprocess.run(
+        [kubectl(), "kustomize", str(here)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    objects = [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+    binding = find(objects, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"]["paramRef"]["namespace"] == "platform"
+    assert find(objects, "ConfigMap", SETTINGS)["metadata"]["namespace"] == "platform"
