@@ -283,7 +283,8 @@ def test_only_the_leader_receives_agents_and_every_replica_is_scraped(directory:
     assert selects(selector, labels)
     assert leader_label not in labels, "only the leader labels its pod, at run time"
     assert {(p["name"], p["port"], p["targetPort"]) for p in service["spec"]["ports"]} == {
-        ("grpc", 50051, "grpc")
+        ("grpc", 50051, "grpc"),
+        ("metrics", AGGREGATOR_METRICS_PORT, "metrics"),  # the leader's, for port-forward
     }
     metrics = find(objects, "Service", METRICS_SERVICE)
     assert selects(metrics["spec"]["selector"], labels)

@@ -80,9 +80,7 @@ def test_validation_is_not_vacuous(validator: Any) -> None:
     container["readinessProbe"]["httpGet"]["port"] = ["metrics"]
     assert problems(validator, deployment)
     policy = next(
-        o
-        for o in render("deploy/overlays/label-mode")
-        if o["kind"] == "ValidatingAdmissionPolicy"
+        o for o in render("deploy/overlays/label-mode") if o["kind"] == "ValidatingAdmissionPolicy"
     )
     assert not problems(validator, policy)
     with pytest.raises(validator.SchemaNotFoundError):

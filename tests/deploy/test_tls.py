@@ -82,9 +82,9 @@ def test_the_aggregator_serves_tls_and_the_agents_trust_its_ca(directory: str) -
                 assert probed[probe]["httpGet"]["port"] == "metrics", (name, probe)
                 assert probed[probe]["httpGet"].get("scheme", "HTTP") == "HTTP"
     # The gRPC port no longer claims HTTP/2 in cleartext.
-    (port,) = find(objects, "Service", AGGREGATOR)["spec"]["ports"]
-    assert port["name"] == "grpc"
-    assert "appProtocol" not in port
+    ports = {p["name"]: p for p in find(objects, "Service", AGGREGATOR)["spec"]["ports"]}
+    assert "appProtocol" not in ports["grpc"]
+    assert ports["metrics"]["appProtocol"] == "http"
 
 
 def test_cert_manager_makes_a_ca_and_the_serving_certificate() -> None:
