@@ -22,7 +22,7 @@ def enabled() -> Any:
         False,
         "Run as one of several replicas: only the holder of a coordination.k8s.io Lease "
         "(the leader) accepts reports and writes to the API (and carries --leader-label); a "
-        "standby refuses reports, answers NOT_SERVING on grpc.health.v1 (service \"\") and "
+        'standby refuses reports, answers NOT_SERVING on grpc.health.v1 (service "") and '
         "takes over when the leader is gone. Needs the kubernetes backend.",
     )
 

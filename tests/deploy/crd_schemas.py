@@ -1,7 +1,8 @@
 """Offline validation of custom resources against the schemas in their CRDs, for the kinds
-kubernetes-validate has no schema for: the Prometheus Operator's ServiceMonitor and
-PrometheusRule (deploy/components/monitoring), from the CRDs vendored in tests/deploy/crds/
-(their source and version are in each file's first lines).
+kubernetes-validate has no schema for: KubeRay's RayService (deploy/examples), the Prometheus
+Operator's ServiceMonitor and PrometheusRule (deploy/components/monitoring), cert-manager's
+Issuer and Certificate, from the CRDs vendored in tests/deploy/crds/ (their source and version
+are in each file's first lines).
 
 A CRD's ``openAPIV3Schema`` is turned into a JSON Schema the way the API server reads it, and
 strict like kubernetes-validate's strict mode: ``nullable`` allows null, and an object with

@@ -106,6 +106,12 @@ def kubectl() -> str:
 
 @functools.cache
 def render_text(directory: Path) -> str:
+    """``kubectl kustomize`` of a directory of the repository (cached: it does not change)."""
+    return kustomize(directory)
+
+
+def kustomize(directory: Path) -> str:
+    """``kubectl kustomize DIRECTORY`` (relative to the repository, or absolute), not cached."""
     result = subprocess.run(
         [kubectl(), "kustomize", str(ROOT / directory)],
         capture_output=True,
@@ -121,6 +127,11 @@ def render_text(directory: Path) -> str:
 def render(directory: Path | str) -> list[dict[str, Any]]:
     """The objects ``kubectl kustomize deploy/...`` renders (a fresh copy each call)."""
     return [doc for doc in yaml.safe_load_all(render_text(Path(directory))) if doc]
+
+
+def render_written(directory: Path) -> list[dict[str, Any]]:
+    """The objects a kustomization a test wrote (in a temporary directory) renders."""
+    return [doc for doc in yaml.safe_load_all(kustomize(directory)) if doc]
 
 
 def find(objects: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import copy
 import functools
 import os
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ import pytest
 import yaml
 from celpy import celtypes
 
-from tests.deploy.manifests import ROOT, SETTINGS, find, kubectl, render
+from tests.deploy.manifests import ROOT, SETTINGS, find, render, render_written
 
 NAMESPACE = "ray-serve-health"
 ACCOUNT = f"system:serviceaccount:{NAMESPACE}:ray-serve-health-aggregator"
@@ -598,15 +597,7 @@ def test_a_user_overlay_in_another_namespace_moves_the_parameters_along(tmp_path
             }
         )
     )
-    result = subprocess.run(
-        [kubectl(), "kustomize", str(here)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    objects = [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+    objects = render_written(here)
     binding = find(objects, "ValidatingAdmissionPolicyBinding")
     assert binding["spec"]["paramRef"]["namespace"] == "platform"
     assert find(objects, "ConfigMap", SETTINGS)["metadata"]["namespace"] == "platform"

@@ -19,12 +19,11 @@ from typing import Any
 
 import grpc
 import pytest
-import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from aggregator.flags import AggregatorFlags
 from servehealth_common.config import load
-from tests.deploy.manifests import ROOT, environment, find, kubectl, render
+from tests.deploy.manifests import ROOT, environment, find, render, render_written
 from tests.deploy.test_probes import command, started, stop
 from tests.deploy.test_schemas import OLDEST_SUPPORTED
 
@@ -50,15 +49,7 @@ def rendered(tmp_path: Path, blocks: list[tuple[str, str]], top: str) -> list[di
     for directory, content in blocks:
         (tmp_path / directory).mkdir(exist_ok=True)
         (tmp_path / directory / "kustomization.yaml").write_text(content)
-    result = subprocess.run(
-        [kubectl(), "kustomize", str(tmp_path / top)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+    return render_written(tmp_path / top)
 
 
 def images(objects: list[dict[str, Any]]) -> set[str]:

@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from tests.deploy import crd_schemas
-from tests.deploy.manifests import DEPLOY, ROOT, find, kubectl, render
+from tests.deploy.manifests import DEPLOY, ROOT, find, render, render_written
 
 COMPONENT = "deploy/components/monitoring"
 DASHBOARD = DEPLOY / "components" / "monitoring" / "dashboard.json"
@@ -77,15 +77,7 @@ def render_in_overlay(overlay: str, tmp_path: Path) -> list[dict[str, Any]]:
             }
         )
     )
-    result = subprocess.run(
-        [kubectl(), "kustomize", str(here)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+    return render_written(here)
 
 
 @pytest.mark.parametrize("overlay", [*OVERLAYS, "example"])

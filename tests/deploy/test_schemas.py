@@ -40,14 +40,10 @@ def versions(validator: Any) -> list[str]:
 
 def problems(validator: Any, obj: dict[str, Any]) -> list[str]:
     """Validation errors of ``obj`` for each version; empty if valid."""
-    # RayService (ray.io) is KubeRay's custom resource: its schema is in KubeRay's CRD, not in
-    # Kubernetes', so kubernetes-validate has none. Only ray.io kinds are exempt; tests in
-    # test_kustomize.py check the parts of it that matter here.
-    if obj["apiVersion"].split("/")[0] == "ray.io":
-        return []
-    # The Prometheus Operator's kinds (deploy/components/monitoring) and cert-manager's
-    # (deploy/components/tls-cert-manager): against the schemas of their CRDs, vendored in
-    # tests/deploy/crds/ (the same for every Kubernetes version).
+    # KubeRay's RayService (deploy/examples), the Prometheus Operator's kinds
+    # (deploy/components/monitoring) and cert-manager's (deploy/components/tls-cert-manager):
+    # against the schemas of their CRDs, vendored in tests/deploy/crds/ (the same for every
+    # Kubernetes version).
     if obj["apiVersion"].split("/")[0] in crd_schemas.groups():
         return [
             f"{obj['kind']} {obj['metadata'].get('name')}: {p}" for p in crd_schemas.problems(obj)

@@ -8,7 +8,6 @@ plaintext."""
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -16,7 +15,7 @@ import pytest
 import yaml
 
 from tests.deploy import crd_schemas
-from tests.deploy.manifests import ROOT, environment, find, kubectl, render
+from tests.deploy.manifests import ROOT, environment, find, render, render_written
 
 CERT_MANAGER = "deploy/examples/production"  # readiness-gate mode + tls-cert-manager
 SECRETS = "deploy/examples/tls-secret"  # label mode + tls-secret
@@ -175,15 +174,7 @@ def layered(tmp_path: Path, namespace: str, component: str) -> list[dict[str, An
             **document,
         }
         (directory / "kustomization.yaml").write_text(yaml.safe_dump(document))
-    result = subprocess.run(
-        [kubectl(), "kustomize", str(second)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+    return render_written(second)
 
 
 def test_dns_names_and_namespace_follow_the_installation(tmp_path: Path) -> None:
