@@ -134,6 +134,13 @@ class AggregatorFlags:
     condition_type: str = setting(
         "ray.io/serve-proxy-healthy", "Pod condition type written in condition mode."
     )
+    agent_fallback: str = setting(
+        "auto",
+        "Whether agents that no aggregator answered for their --fallback-after write for their "
+        "own pods what it would (sent to them with the settings). auto: in condition and both "
+        "modes (where a new pod is never Ready without a writer), not in label mode.",
+        choices=("auto", "on", "off"),
+    )
     events: bool = setting(
         True, "Record a Kubernetes Event on a pod whenever its serve label changes."
     )

@@ -96,6 +96,8 @@ class ReportSettings:
     max_reports_per_second: int = 50
     hello_timeout: float = 10.0
     admission: AdmissionSettings = field(default_factory=AdmissionSettings)
+    #: What the aggregator writes, for agents in fallback (AgentSettings.writes).
+    writes: pb.WriteSettings = field(default_factory=pb.WriteSettings)
 
 
 class ReportService:
@@ -130,6 +132,7 @@ class ReportService:
             settings.resync_interval.CopyFrom(wire.duration(self._core.resync_interval()))
             settings.reports_per_change = self._settings.reports_per_change
             settings.reports_per_failure = self._settings.reports_per_failure
+            settings.writes.CopyFrom(self._settings.writes)
         return pb.AggregatorMessage(settings=settings)
 
     def register(self, server: grpc.aio.Server) -> None:

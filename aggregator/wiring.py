@@ -45,6 +45,7 @@ from aggregator.serve_view_poller import ServeViewSettings
 from aggregator.server import Aggregator, Election, PortSettings
 from aggregator.shadow import WOULD_BE_KINDS, ShadowView
 from aggregator.tracker import Clock, Tracker, TrackerSettings
+from servehealth.v1 import servehealth_pb2 as pb
 from servehealth_common.config import split_host_port
 from servehealth_common.kube.client import NoKubeConfig, find_config, load_configuration
 from servehealth_common.kube.errors import APIError
@@ -108,6 +109,21 @@ def report_settings(flags: AggregatorFlags) -> ReportSettings:
             max_streams_per_peer=flags.max_streams_per_peer,
             max_pods_per_stream=flags.max_pods_per_stream,
         ),
+        writes=write_settings(flags),
+    )
+
+
+def write_settings(flags: AggregatorFlags) -> pb.WriteSettings:
+    """What this aggregator writes, for agents in fallback (--agent-fallback)."""
+    condition = flags.mode in ("condition", "both")
+    return pb.WriteSettings(
+        label=flags.mode in ("label", "both"),
+        label_key=flags.label_key,
+        condition=condition,
+        condition_type=flags.condition_type,
+        failure_threshold=flags.failure_threshold,
+        success_threshold=flags.success_threshold,
+        fallback=flags.agent_fallback == "on" or (flags.agent_fallback == "auto" and condition),
     )
 
 

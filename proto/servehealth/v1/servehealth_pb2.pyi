@@ -115,16 +115,36 @@ class AggregatorMessage(_message.Message):
     def __init__(self, settings: _Optional[_Union[AgentSettings, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ...) -> None: ...
 
 class AgentSettings(_message.Message):
-    __slots__ = ("heartbeat_interval", "resync_interval", "reports_per_change", "reports_per_failure")
+    __slots__ = ("heartbeat_interval", "resync_interval", "reports_per_change", "reports_per_failure", "writes")
     HEARTBEAT_INTERVAL_FIELD_NUMBER: _ClassVar[int]
     RESYNC_INTERVAL_FIELD_NUMBER: _ClassVar[int]
     REPORTS_PER_CHANGE_FIELD_NUMBER: _ClassVar[int]
     REPORTS_PER_FAILURE_FIELD_NUMBER: _ClassVar[int]
+    WRITES_FIELD_NUMBER: _ClassVar[int]
     heartbeat_interval: _duration_pb2.Duration
     resync_interval: _duration_pb2.Duration
     reports_per_change: int
     reports_per_failure: int
-    def __init__(self, heartbeat_interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., resync_interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., reports_per_change: _Optional[int] = ..., reports_per_failure: _Optional[int] = ...) -> None: ...
+    writes: WriteSettings
+    def __init__(self, heartbeat_interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., resync_interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., reports_per_change: _Optional[int] = ..., reports_per_failure: _Optional[int] = ..., writes: _Optional[_Union[WriteSettings, _Mapping]] = ...) -> None: ...
+
+class WriteSettings(_message.Message):
+    __slots__ = ("label", "label_key", "condition", "condition_type", "failure_threshold", "success_threshold", "fallback")
+    LABEL_FIELD_NUMBER: _ClassVar[int]
+    LABEL_KEY_FIELD_NUMBER: _ClassVar[int]
+    CONDITION_FIELD_NUMBER: _ClassVar[int]
+    CONDITION_TYPE_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    SUCCESS_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    FALLBACK_FIELD_NUMBER: _ClassVar[int]
+    label: bool
+    label_key: str
+    condition: bool
+    condition_type: str
+    failure_threshold: int
+    success_threshold: int
+    fallback: bool
+    def __init__(self, label: _Optional[bool] = ..., label_key: _Optional[str] = ..., condition: _Optional[bool] = ..., condition_type: _Optional[str] = ..., failure_threshold: _Optional[int] = ..., success_threshold: _Optional[int] = ..., fallback: _Optional[bool] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ("sequence",)
