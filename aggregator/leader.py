@@ -39,7 +39,6 @@ from servehealth_common.backoff import jittered
 from servehealth_common.kube.errors import APIConflictError, APIError
 
 log = logging.getLogger(__name__)
-
 T = TypeVar("T")
 
 #: Wake this much after the moment a lease is due to expire (timers may fire a hair early).
@@ -137,6 +136,8 @@ class LeaderElector:
         #: from here).
         self.renewed_at: float | None = None
         self._reported_leader: str | None = None
+        #: The record last taken over (None: created it): when the previous leader last renewed.
+        self.previous: LeaseRecord | None = None
         #: Failed Lease calls in a row, and the kind of the latest (logged once per kind).
         self._failures = 0
         self._failing = ""
@@ -215,6 +216,7 @@ class LeaderElector:
             record = replace(lease.record, duration_seconds=duration, renew_time=now)
         else:
             record = LeaseRecord(self.identity, duration, now, now, lease.record.transitions + 1)
+            self.previous = lease.record
         return await self._write(
             "update",
             self.store.update(record, lease.version),

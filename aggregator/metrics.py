@@ -215,6 +215,12 @@ class Metrics:
         )
         for kind in ("label", "condition"):  # every series from the start, for dashboards
             self.write_delay.labels(kind)
+        self.agent_fallback_pods = Gauge(
+            f"{PREFIX}_agent_fallback_pods",
+            "Pods that agents in fallback wrote (no aggregator answered them) since the previous "
+            "leader's last Lease renewal, found when this replica took over.",
+            registry=r,
+        )
         self.panic = Gauge(
             f"{PREFIX}_panic",
             "1 while the aggregator suspects itself and holds writes that remove pods.",

@@ -9,6 +9,7 @@ through their agent's hello and labels live in a dict.
 from __future__ import annotations
 
 import abc
+import datetime
 import logging
 from collections.abc import Callable, Iterable
 from typing import Protocol
@@ -98,6 +99,10 @@ class PodRegistry(abc.ABC):
         """What the pod should carry, given what its health wants (``health``; None: leave
         it): the override's value where it has one."""
         return health
+
+    def changed_by_agents(self, since: datetime.datetime | None) -> int:
+        """Pods an agent in fallback wrote after ``since`` (None: whenever): none here."""
+        return 0
 
     def targets(self, key: PodKey, wanted: str) -> list[Target]:
         """Each thing the aggregator writes to the pod: its kind, what the pod carries now, and

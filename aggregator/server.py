@@ -31,6 +31,7 @@ from aggregator.binding import add_grpc_port, host_port, start_metrics
 from aggregator.channel_options import GrpcServerSettings, server_options
 from aggregator.core import Core
 from aggregator.expiry import ExpiryLoop
+from aggregator.fallback_found import count_agent_writes
 from aggregator.guard import Guard
 from aggregator.inspection_service import InspectionService
 from aggregator.kube.lease import KubeLeaseStore
@@ -228,6 +229,8 @@ class Aggregator:
     async def _start_registry(self) -> None:
         """List the pods (seeding the tracker from their labels), then watch and write."""
         await self.registry.start(self.core)
+        previous = self.election.elector.previous if self.election is not None else None
+        count_agent_writes(self.registry, previous, self.metrics)
         if self.registry.seeds_from_cluster:
             self.core.hold_expiry(self._settings.startup_grace)
 

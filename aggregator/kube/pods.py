@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import datetime
 from dataclasses import dataclass
 from typing import Any
 
 from aggregator.override import ANNOTATION, NONE, Override
 from aggregator.write_rule import condition_value
+from servehealth_common import fallback_marks
 from servehealth_common.kube.pods import SERVE_GRPC_PORT_NAME, named_port, serve_port
 from servehealth_common.pod_identity import PodInfo, PodKey
 
@@ -29,6 +31,8 @@ class KubePod:
     dashboard_port: int = 0  # the container port named "dashboard" (0: none)
     #: Its ray-serve-health/override annotation, as read.
     override: Override = NONE
+    #: When an agent in fallback last wrote it (servehealth_common.fallback_marks), or None.
+    fallback_mark: datetime.datetime | None = None
 
     @property
     def key(self) -> PodKey:
@@ -69,4 +73,31 @@ def parse_pod(pod: dict[str, Any], default_port: int) -> KubePod:
         },
         dashboard_port=named_port(pod, DASHBOARD_PORT_NAME, 0),
         override=Override.parse((metadata.get("annotations") or {}).get(ANNOTATION)),
+        fallback_mark=fallback_mark(pod),
     )
+
+
+def fallback_mark(pod: dict[str, Any]) -> datetime.datetime | None:
+    """The latest time an agent in fallback wrote this pod: its annotation beside the label,
+    or a condition with the agents' reason (its lastTransitionTime). None: no mark (or none
+    that parses)."""
+    annotation = ((pod.get("metadata") or {}).get("annotations") or {}).get(
+        fallback_marks.ANNOTATION, ""
+    )
+    times = [fallback_marks.annotation_time(str(annotation))]
+    times += [
+        str(c.get("lastTransitionTime") or "")
+        for c in (pod.get("status") or {}).get("conditions") or []
+        if c.get("reason") == fallback_marks.CONDITION_REASON
+    ]
+    parsed = [when for text in times if text and (when := parse_time(text)) is not None]
+    return max(parsed, default=None)
+
+
+def parse_time(text: str) -> datetime.datetime | None:
+    """An RFC 3339 time (``Z`` or an offset, with or without fractions), None if it is not."""
+    try:
+        when = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return when if when.tzinfo is not None else when.replace(tzinfo=datetime.UTC)

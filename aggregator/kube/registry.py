@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -213,6 +214,15 @@ class KubeRegistry(PodRegistry):
         return transition.label_changed or (
             self.settings.writes_condition
             and (transition.old is by_design) != (transition.new is by_design)
+        )
+
+    def changed_by_agents(self, since: datetime.datetime | None) -> int:
+        """Pods whose fallback mark (an agent wrote them: servehealth_common.fallback_marks)
+        is newer than ``since`` (None: any mark)."""
+        return sum(
+            1
+            for pod in self._pods.values()
+            if pod.fallback_mark is not None and (since is None or pod.fallback_mark > since)
         )
 
     def targets(self, key: PodKey, wanted: str) -> list[Target]:
