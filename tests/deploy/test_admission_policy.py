@@ -4,33 +4,42 @@ would, on sample admission requests.
 
 The policy is taken from the rendered overlays, its parameters from the settings ConfigMap they
 render (the one the aggregator reads). Every expression (match condition, variables in order,
-validations and their messages) is compiled and evaluated with cel-python (``celpy``): the
-policy uses standard CEL only, so a pass here means the same expressions, the same answers, in
-the API server (which evaluates ``object``, ``oldObject`` and ``params`` as untyped maps, as
-here). An expression that fails to evaluate counts as a refusal, as ``failurePolicy: Fail``
-makes it. The cases are a table: allowed (the label flipped, added, removed; the leader label;
-the condition flipped, added, removed; requests of anyone else, which the match condition leaves
-alone) and refused (another label, an annotation, the image, owner references, a status field, a
-condition of another type, another mode's write, other operations)."""
+validations and their messages) is compiled and evaluated with cel-python (``celpy``, in
+tests/deploy/cel_policy.py): the policy uses standard CEL only, so a pass here means the same
+expressions, the same answers, in the API server (which evaluates ``object``, ``oldObject`` and
+``params`` as untyped maps, as here). An expression that fails to evaluate counts as a
+refusal, as ``failurePolicy: Fail`` makes it. The cases are a table: allowed (the label
+flipped, added, removed; the leader label; the condition flipped, added, removed; requests of
+anyone else, which the match condition leaves alone) and refused (another label, an
+annotation, the image, owner references, a status field, a condition of another type, another
+mode's write, other operations)."""
 
 from __future__ import annotations
 
 import copy
 import functools
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import celpy
 import pytest
 import yaml
-from celpy import celtypes
 
+from tests.deploy.cel_policy import (
+    Policy,
+    Verdict,
+    all_of,
+    changed,
+    set_condition,
+    set_image,
+    set_label,
+    set_path,
+)
 from tests.deploy.manifests import ROOT, SETTINGS, find, render, render_written
 
 NAMESPACE = "ray-serve-health"
-ACCOUNT = f"system:serviceaccount:{NAMESPACE}:ray-serve-health-aggregator"
+NAME = "ray-serve-health-aggregator"  # the policy's, its binding's and the account's
+ACCOUNT = f"system:serviceaccount:{NAMESPACE}:{NAME}"
 LABEL_MODE = "deploy/overlays/label-mode"
 GATE_MODE = "deploy/overlays/readiness-gate-mode"
 LABEL = "ray.io/serve"
@@ -38,86 +47,7 @@ LEADER = "ray-serve-health/leader"
 CONDITION = "ray.io/serve-proxy-healthy"
 
 
-# -- evaluating the policy --------------------------------------------------------------
-
-
-@dataclass
-class Verdict:
-    matched: bool
-    #: The messages of the validations that failed (or errors): empty means admitted.
-    refusals: list[str] = field(default_factory=list)
-
-    @property
-    def allowed(self) -> bool:
-        return not self.refusals
-
-
-class Policy:
-    """The policy's CEL, compiled once; ``admit`` answers one request as the API server would
-    for a binding with ``validationActions: [Deny]``."""
-
-    def __init__(self, policy: dict[str, Any]) -> None:
-        self.env = celpy.Environment()
-        spec = policy["spec"]
-        self.match = [self._compile(c["expression"]) for c in spec.get("matchConditions", [])]
-        self.variables = [(v["name"], self._compile(v["expression"])) for v in spec["variables"]]
-        self.validations = [
-            (
-                self._compile(v["expression"]),
-                self._compile(v["messageExpression"]) if "messageExpression" in v else None,
-                v.get("message", ""),
-            )
-            for v in spec["validations"]
-        ]
-
-    def _compile(self, expression: str) -> Any:
-        return self.env.program(self.env.compile(expression))
-
-    @staticmethod
-    def _run(program: Any, activation: dict[str, Any]) -> Any:
-        try:
-            result = program.evaluate(activation)
-        except celpy.CELEvalError as error:
-            return error
-        return result
-
-    def admit(
-        self,
-        request: dict[str, Any],
-        obj: dict[str, Any] | None,
-        old: dict[str, Any] | None,
-        params: dict[str, Any],
-    ) -> Verdict:
-        activation: dict[str, Any] = {
-            "request": celpy.json_to_cel(request),
-            "object": celpy.json_to_cel(obj),
-            "oldObject": celpy.json_to_cel(old),
-            "params": celpy.json_to_cel(params),
-        }
-        for program in self.match:
-            result = self._run(program, activation)
-            if isinstance(result, celpy.CELEvalError):
-                return Verdict(True, [f"match condition error: {result}"])  # failurePolicy Fail
-            if result is not celtypes.BoolType(True) and not result:
-                return Verdict(False)
-        variables: dict[Any, Any] = {}
-        activation["variables"] = celtypes.MapType(variables)
-        for name, program in self.variables:
-            variables[celtypes.StringType(name)] = self._run(program, activation)
-            activation["variables"] = celtypes.MapType(variables)
-        verdict = Verdict(True)
-        for expression, message_expression, message in self.validations:
-            result = self._run(expression, activation)
-            if isinstance(result, celpy.CELEvalError):
-                verdict.refusals.append(f"error: {result}")
-            elif not result:
-                text = message
-                if message_expression is not None:
-                    rendered = self._run(message_expression, activation)
-                    assert isinstance(rendered, str), f"messageExpression failed: {rendered}"
-                    text = str(rendered)
-                verdict.refusals.append(text)
-        return verdict
+# -- the policy, as the overlays render it -----------------------------------------------
 
 
 @functools.cache
@@ -125,8 +55,8 @@ def rendered(directory: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, 
     """(policy, binding, settings ConfigMap) as ``directory`` renders them."""
     objects = render(directory)
     return (
-        find(objects, "ValidatingAdmissionPolicy"),
-        find(objects, "ValidatingAdmissionPolicyBinding"),
+        find(objects, "ValidatingAdmissionPolicy", NAME),
+        find(objects, "ValidatingAdmissionPolicyBinding", NAME),
         find(objects, "ConfigMap", SETTINGS),
     )
 
@@ -214,60 +144,6 @@ def aggregator_pod(labels: dict[str, str] | None = None) -> dict[str, Any]:
     if labels is not None:
         obj["metadata"]["labels"] = labels
     return obj
-
-
-def changed(obj: dict[str, Any], edit: Any) -> dict[str, Any]:
-    """A copy of ``obj`` after ``edit`` (which changes it in place), with what the API server
-    itself changes on every write (managedFields)."""
-    new = copy.deepcopy(obj)
-    edit(new)
-    new["metadata"]["managedFields"] = [
-        *new["metadata"]["managedFields"],
-        {"manager": "serve-health-aggregator", "operation": "Update"},
-    ]
-    return new
-
-
-def set_label(key: str, value: str | None) -> Any:
-    def edit(obj: dict[str, Any]) -> None:
-        if value is None:
-            obj["metadata"]["labels"].pop(key, None)
-        else:
-            obj["metadata"]["labels"][key] = value
-
-    return edit
-
-
-def set_condition(kind: str, status: str | None) -> Any:
-    def edit(obj: dict[str, Any]) -> None:
-        conditions = [c for c in obj["status"]["conditions"] if c["type"] != kind]
-        if status is not None:
-            conditions.append({"type": kind, "status": status, "reason": "Probed"})
-        obj["status"]["conditions"] = conditions
-
-    return edit
-
-
-def all_of(*edits: Any) -> Any:
-    def edit(obj: dict[str, Any]) -> None:
-        for one in edits:
-            one(obj)
-
-    return edit
-
-
-def set_path(*path: str, value: Any) -> Any:
-    def edit(obj: dict[str, Any]) -> None:
-        target = obj
-        for key in path[:-1]:
-            target = target[key]
-        target[path[-1]] = value
-
-    return edit
-
-
-def set_image(obj: dict[str, Any]) -> None:
-    obj["spec"]["containers"][0]["image"] = "attacker/miner:latest"
 
 
 # -- the cases --------------------------------------------------------------------------
@@ -598,6 +474,6 @@ def test_a_user_overlay_in_another_namespace_moves_the_parameters_along(tmp_path
         )
     )
     objects = render_written(here)
-    binding = find(objects, "ValidatingAdmissionPolicyBinding")
+    binding = find(objects, "ValidatingAdmissionPolicyBinding", NAME)
     assert binding["spec"]["paramRef"]["namespace"] == "platform"
     assert find(objects, "ConfigMap", SETTINGS)["metadata"]["namespace"] == "platform"
