@@ -97,8 +97,9 @@ def test_a_component_in_another_namespace(tmp_path: Path) -> None:
     certificate = find(objects, "Certificate", "ray-serve-health-aggregator-tls")
     assert certificate["metadata"]["namespace"] == "platform"
     assert f"{AGGREGATOR}.platform.svc.cluster.local" in certificate["spec"]["dnsNames"]
-    binding = find(objects, "ValidatingAdmissionPolicyBinding")
-    assert binding["spec"]["paramRef"]["namespace"] == "platform"
+    for name in (AGGREGATOR, AGENT):  # the aggregator's admission policy and the agents'
+        binding = find(objects, "ValidatingAdmissionPolicyBinding", name)
+        assert binding["spec"]["paramRef"]["namespace"] == "platform"
 
 
 def test_the_minimum_kubernetes_version_is_the_one_checked() -> None:
