@@ -2,8 +2,10 @@
 
 Every call runs in a bounded thread pool, never on the event loop, carries a deadline, asks
 for raw JSON (no model deserialisation on the hot path) and raises only
-:mod:`servehealth_common.kube.errors`. :class:`KubeClient` lists and watches pods, which is all
-the DaemonSet agent may do; the aggregator's ``KubeApi`` adds its writes on top.
+:mod:`servehealth_common.kube.errors`. :class:`KubeClient` lists, watches and reads pods, and
+writes the two things both programs write: a pod's label (JSON merge patch), its condition
+(strategic merge patch of ``pods/status``) and Events. The aggregator's ``KubeApi`` adds its
+token reviews and Leases on top; the agent writes only in fallback (no aggregator answers).
 """
 
 from __future__ import annotations
@@ -23,8 +25,12 @@ from kubernetes import client, config
 from kubernetes.watch.watch import iter_resp_lines
 
 from servehealth_common.kube.errors import APIError, APIForbiddenError, APIRetryableError, wrap
+from servehealth_common.pod_identity import PodKey
 
 log = logging.getLogger(__name__)
+
+MERGE_PATCH = "application/merge-patch+json"
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 
 IN_CLUSTER_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
 IN_CLUSTER = "in-cluster"
@@ -98,7 +104,7 @@ def verb_and_resource(what: str) -> tuple[str, str]:
 
 
 class KubeClient:
-    """Async reads of pods; ``concurrency`` threads at most, each call ``timeout``.
+    """Async reads and writes of pods; ``concurrency`` threads at most, each call ``timeout``.
 
     Watches do not take a pool thread: :meth:`watch_pods` is a blocking generator for a thread
     of the caller's own (see :class:`servehealth_common.kube.watch.PodWatch`).
@@ -242,3 +248,37 @@ class KubeClient:
             raise
         except Exception as error:
             raise wrap(error, what) from error
+
+    async def get_pod(self, key: PodKey) -> dict[str, Any]:
+        return await self._call(
+            f"get pod {key}", self.core.read_namespaced_pod, key.name, key.namespace
+        )
+
+    async def patch_pod(self, key: PodKey, body: dict[str, Any]) -> dict[str, Any]:
+        """JSON merge patch (RFC 7386) of the pod."""
+        return await self._call(
+            f"patch pod {key}",
+            self.core.patch_namespaced_pod,
+            key.name,
+            key.namespace,
+            body,
+            _content_type=MERGE_PATCH,
+        )
+
+    async def patch_pod_status(self, key: PodKey, body: dict[str, Any]) -> dict[str, Any]:
+        """Strategic merge patch of ``pods/status``: conditions merge by their ``type``."""
+        return await self._call(
+            f"patch pod {key} status",
+            self.core.patch_namespaced_pod_status,
+            key.name,
+            key.namespace,
+            body,
+            _content_type=STRATEGIC_MERGE_PATCH,
+        )
+
+    # -- events -------------------------------------------------------------------------
+
+    async def create_event(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        return await self._call(
+            f"create event in {namespace}", self.core.create_namespaced_event, namespace, body
+        )
