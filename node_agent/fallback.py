@@ -1,0 +1,307 @@
+"""The agent as the fallback decider (issue 18): what it writes for its own pods when no
+aggregator has accepted its stream for ``--fallback-after`` (pure: no I/O, an injected clock).
+
+The aggregator decides and writes; an agent writes only while no aggregator answers, and only
+for its own pods (its sidecar pod, or the pods on its node), what the aggregator would write:
+
+========================================  =========================================
+latest probe results                      what is written (only if the pod carries
+                                          something else)
+========================================  =========================================
+``success_threshold`` SERVING in a row    label ``"true"``, condition ``True``
+``failure_threshold`` NOT_READY,          label ``"false"``, condition ``False``
+DRAINING or NO_PROXY in a row
+UNHEALTHY (a hang, a timeout, an          nothing: the pod keeps what it carries
+unexpected answer), or fewer in a row     (fail static; a pod that carries nothing
+                                          gets nothing)
+========================================  =========================================
+
+Like the aggregator's write rule, a pod without the label counts as carrying ``"false"`` and
+one without the condition carries nothing; the condition is written only to pods that declare
+its type in ``spec.readinessGates``. Two more cases are left alone: a pod with the manual
+override annotation (the operator decides, and the aggregator would write the override), and a
+pod whose condition says it has no proxy by design (reason ``NoProxyByDesign``) while it still
+has none (only the aggregator knows where Serve runs no proxy).
+
+What to write (:class:`WriteRules`) comes from the last aggregator's ``AgentSettings.writes``
+(if it allowed fallback), else from the agent's own flags (``--fallback-write``); rules with a
+label key KubeRay relies on, or a condition type that is not a readiness gate of ours, are
+refused (:func:`refusal`): a crafted setting must not make an agent rewrite another label.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from node_agent.fallback_rules import (
+    NO_PROXY_BY_DESIGN,
+    SIDES,
+    VALUES,
+    Kind,
+    PodFacts,
+    Side,
+    WhosePods,
+    Write,
+    WriteRules,
+    carrying,
+    refusal,
+)
+from servehealth_common.pod_identity import PodKey
+from servehealth_common.states import ServeState
+
+Clock = Callable[[], float]
+
+
+@dataclass(slots=True)
+class _Streak:
+    """A pod's latest probe results: the side of the last ones, and how many in a row."""
+
+    side: Side | None = None
+    count: int = 0
+    state: ServeState = ServeState.UNKNOWN
+    reason: str = ""
+
+
+class FallbackPhase(enum.Enum):
+    CONNECTED = "connected"
+    WAITING = "waiting"
+    FALLBACK = "fallback"
+
+
+@dataclass(frozen=True, slots=True)
+class FallbackChange:
+    old: FallbackPhase
+    new: FallbackPhase
+    #: Seconds without an accepted stream (began), or in fallback (ended).
+    seconds: float
+
+
+class Fallback:
+    """The fallback decider of one agent: the stream's ups and downs, the write rules, its own
+    pods (what each carries) and their probe results in; :meth:`decide` gives the writes."""
+
+    def __init__(
+        self,
+        *,
+        after: float,
+        own: WhosePods,
+        flag_rules: WriteRules | None,
+        clock: Clock,
+    ) -> None:
+        self.after = after
+        self.own = own
+        self._flag_rules = flag_rules
+        self._learned: WriteRules | None = None
+        self._has_learned = False
+        self._clock = clock
+        self.phase = FallbackPhase.WAITING
+        self._down_since = clock()  # the agent's start counts as a stream's end
+        self._began = 0.0
+        self._epoch = 0  # fallbacks begun so far
+        self._pods: dict[PodKey, PodFacts] = {}
+        self._streaks: dict[PodKey, _Streak] = {}
+        self._dirty: set[PodKey] = set()
+        #: Writes handed out and not finished; and those that failed for good, per value.
+        self._in_flight: dict[tuple[PodKey, Kind], str] = {}
+        self._given_up: dict[tuple[PodKey, Kind], str] = {}
+
+    # -- the stream and the rules --------------------------------------------------------
+
+    @property
+    def rules(self) -> WriteRules | None:
+        """The rules written by: the last aggregator's, once one sent some (None if it did not
+        allow fallback, or sent rules that were refused), else the flags' (None: none)."""
+        return self._learned if self._has_learned else self._flag_rules
+
+    def learned(self, rules: WriteRules | None) -> str | None:
+        """An aggregator's ``AgentSettings.writes``: ``rules``, or None if it does not allow
+        fallback. Kept across reconnections. Returns why the rules are refused, if they are."""
+        why = refusal(rules) if rules is not None else None
+        self._has_learned = True
+        self._learned = rules if why is None else None
+        return why
+
+    def stream_up(self) -> FallbackChange | None:
+        """An aggregator accepted the stream: fallback ends at once, and writes not yet sent
+        are dropped (:meth:`still_wanted`)."""
+        return self._move(FallbackPhase.CONNECTED)
+
+    def stream_down(self) -> FallbackChange | None:
+        if self.phase is not FallbackPhase.CONNECTED:
+            return None
+        self._down_since = self._clock()
+        return self._move(FallbackPhase.WAITING)
+
+    def due(self) -> float | None:
+        """When fallback begins (clock time) if no stream is accepted before; None if it
+        cannot (a stream is up, fallback is off, or already in fallback)."""
+        if self.phase is not FallbackPhase.WAITING or self.after <= 0 or self.rules is None:
+            return None
+        return self._down_since + self.after
+
+    def tick(self) -> FallbackChange | None:
+        """Begin fallback if it is due."""
+        due = self.due()
+        if due is None or self._clock() < due:
+            return None
+        return self._move(FallbackPhase.FALLBACK)
+
+    def seconds_in_fallback(self) -> float:
+        return (
+            max(0.0, self._clock() - self._began) if self.phase is FallbackPhase.FALLBACK else 0.0
+        )
+
+    def _move(self, new: FallbackPhase) -> FallbackChange | None:
+        """The one gate of the agent's fallback phases::
+
+                     stream accepted                   stream ended
+            WAITING ------------------> CONNECTED -----------------> WAITING
+               |     (agent start)          ^
+               | no accepted stream for     | stream accepted: writes not yet
+               | --fallback-after, and      | sent are dropped
+               | rules to write with        |
+               v                            |
+            FALLBACK -----------------------+
+
+        Writes are decided only in FALLBACK.
+        """
+        old, now = self.phase, self._clock()
+        if new is old:
+            return None
+        assert (old, new) in _ALLOWED, (old, new)
+        self.phase = new
+        if new is FallbackPhase.FALLBACK:
+            self._began = now
+            self._epoch += 1
+            self._dirty.update(self._pods)
+            return FallbackChange(old, new, now - self._down_since)
+        seconds = now - self._began if old is FallbackPhase.FALLBACK else 0.0
+        if new is FallbackPhase.CONNECTED:
+            self._in_flight.clear()
+            self._given_up.clear()
+        return FallbackChange(old, new, seconds)
+
+    # -- pods and their probes ------------------------------------------------------------
+
+    def pod_seen(self, facts: PodFacts) -> str | None:
+        """What a pod carries now (a watch event, a read, the answer to a write). Returns why
+        it is not this agent's to write (then it is ignored), or None."""
+        why = self.own.refusal(facts)
+        if why is not None:
+            self._pods.pop(facts.key, None)
+            return why
+        known = self._pods.get(facts.key)
+        if known is None or facts.newer_than(known):
+            self._pods[facts.key] = facts
+            self._dirty.add(facts.key)
+        return None
+
+    def pod_gone(self, key: PodKey) -> None:
+        """The pod is gone, or no longer probed: forget it and its probe results."""
+        self._pods.pop(key, None)
+        self._streaks.pop(key, None)
+        self._dirty.discard(key)
+
+    def facts(self, key: PodKey) -> PodFacts | None:
+        return self._pods.get(key)
+
+    def own_pods(self) -> int:
+        return len(self._pods)
+
+    def observe(self, key: PodKey, state: ServeState, reason: str = "") -> None:
+        """A probe result of ``key`` (every one counts toward the thresholds)."""
+        streak = self._streaks.setdefault(key, _Streak())
+        side = SIDES.get(state)
+        if side is None:  # UNHEALTHY: says nothing either way, and breaks any run
+            streak.side, streak.count = None, 0
+        elif side is streak.side:
+            streak.count += 1
+        else:
+            streak.side, streak.count = side, 1
+        streak.state, streak.reason = state, reason
+        self._dirty.add(key)
+
+    # -- the decision ----------------------------------------------------------------------
+
+    def decide(self) -> list[Write]:
+        """The writes due now (each handed out once, until :meth:`finished`): none outside
+        FALLBACK."""
+        rules = self.rules
+        if self.phase is not FallbackPhase.FALLBACK or rules is None:
+            return []
+        writes = []
+        for key in sorted(self._dirty):
+            writes += self._writes_for(key, rules)
+        self._dirty.clear()
+        return writes
+
+    def _writes_for(self, key: PodKey, rules: WriteRules) -> Iterable[Write]:
+        facts, streak = self._pods.get(key), self._streaks.get(key)
+        if facts is None or streak is None or streak.side is None or facts.overridden:
+            return
+        if streak.count < rules.threshold(streak.side):
+            return
+        for kind, name in rules.targets():
+            if kind is Kind.CONDITION and name not in facts.readiness_gates:
+                continue
+            carried, wanted = facts.carried(kind, name), VALUES[kind, streak.side]
+            if carried == NO_PROXY_BY_DESIGN and streak.state is ServeState.NO_PROXY:
+                continue  # the aggregator judged that no proxy is meant here
+            target = (key, kind)
+            if carried == wanted or wanted in (
+                self._in_flight.get(target),
+                self._given_up.get(target),
+            ):
+                continue
+            self._in_flight[target] = wanted
+            state, reason = streak.state, streak.reason
+            yield Write(key, facts.uid, kind, name, wanted, state, reason, self._epoch)
+
+    def still_wanted(self, write: Write) -> bool:
+        """Whether ``write`` may still be sent (asked before each attempt): still in
+        fallback, still the value decided, and the pod still the same."""
+        facts = self._pods.get(write.key)
+        return (
+            self.phase is FallbackPhase.FALLBACK
+            and write.epoch == self._epoch
+            and self._in_flight.get((write.key, write.kind)) == write.value
+            and facts is not None
+            and facts.uid == write.uid
+        )
+
+    def finished(
+        self,
+        write: Write,
+        *,
+        answer: PodFacts | None = None,
+        written: bool = False,
+        gave_up: bool = False,
+    ) -> None:
+        """``write`` is over: ``written`` (``answer``: the pod as the API returned it, if it
+        did), dropped, or failed for good (``gave_up``: this value is not tried again for this
+        pod until the next fallback)."""
+        if write.epoch != self._epoch:
+            return  # an earlier fallback's: the pod is read afresh anyway
+        target = (write.key, write.kind)
+        if self._in_flight.get(target) == write.value:
+            del self._in_flight[target]
+        if gave_up:
+            self._given_up[target] = write.value
+        known = self._pods.get(write.key)
+        if answer is not None:
+            self.pod_seen(answer)
+        elif written and known is not None and known.uid == write.uid:
+            self._pods[write.key] = carrying(known, write)
+        self._dirty.add(write.key)
+
+
+_ALLOWED = frozenset(
+    {
+        (FallbackPhase.WAITING, FallbackPhase.CONNECTED),
+        (FallbackPhase.CONNECTED, FallbackPhase.WAITING),
+        (FallbackPhase.WAITING, FallbackPhase.FALLBACK),
+        (FallbackPhase.FALLBACK, FallbackPhase.CONNECTED),
+    }
+)

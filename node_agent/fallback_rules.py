@@ -1,0 +1,253 @@
+"""The rules of the agent's fallback writes (pure): what it may write, to which pods, and what
+a pod carries.
+
+- :class:`WriteRules`: the label key, the condition type and the thresholds, from the last
+  aggregator's ``AgentSettings.writes`` or from the agent's flags; :func:`refusal` says why an
+  agent must not write with them: a label key that is not one, or one KubeRay or Kubernetes
+  relies on for other purposes (``ray.io/node-type``, ``ray.io/cluster``, anything under
+  ``app.kubernetes.io/``...), or a condition type of the kubelet's (``Ready``...). A crafted
+  setting must not make an agent rewrite another label.
+- :class:`WhosePods`: a sidecar writes only for its own pod (namespace, name and uid from the
+  downward API), a DaemonSet agent only for pods on its node (``spec.nodeName``).
+- :class:`PodFacts`: a pod as read from the API, and what it carries (a missing label counts
+  as ``"false"``, as in the aggregator's write rule).
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from servehealth_common.pod_identity import PodKey
+from servehealth_common.states import ServeState
+
+#: The aggregator's default thresholds (--failure-threshold, --success-threshold).
+DEFAULT_FAILURE_THRESHOLD, DEFAULT_SUCCESS_THRESHOLD = 1, 2
+#: --fallback-write's choices ("": only what an aggregator's settings allow).
+FALLBACK_WRITES = ("", "label", "condition", "both")
+#: The manual override annotation (aggregator/override.py, which the agent may not import).
+OVERRIDE_ANNOTATION = "ray-serve-health/override"
+#: The condition value of a pod with no proxy by design (aggregator/write_rule.py).
+NO_PROXY_BY_DESIGN = "NoProxyByDesign"
+#: Label keys KubeRay (and Kubernetes) rely on for other purposes: never written by an agent.
+RESERVED_LABEL_KEYS = frozenset(
+    {
+        "ray.io/node-type",
+        "ray.io/cluster",
+        "ray.io/group",
+        "ray.io/is-ray-node",
+        "ray.io/node-group",
+        "ray.io/identifier",
+        "ray.io/originated-from-crd",
+        "ray.io/originated-from-cr-name",
+        "ray-serve-health/leader",
+        "pod-template-hash",
+        "controller-revision-hash",
+        "pod-template-generation",
+    }
+)
+#: Label key prefixes (the part before "/") that belong to others.
+RESERVED_PREFIXES = ("app.kubernetes.io", "kubernetes.io", "k8s.io")
+#: Condition types the kubelet and the scheduler own.
+BUILTIN_CONDITIONS = frozenset(
+    {
+        "Ready",
+        "ContainersReady",
+        "PodScheduled",
+        "Initialized",
+        "PodReadyToStartContainers",
+        "DisruptionTarget",
+        "PodResizePending",
+        "PodResizeInProgress",
+    }
+)
+_NAME = r"([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9]"
+_PREFIX = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+#: A qualified name (label keys, condition types): ``[prefix/]name``.
+_QUALIFIED = re.compile(rf"((?=.{{1,253}}/){_PREFIX}/)?{_NAME}")
+
+
+class Kind(enum.Enum):
+    """What a write changes: the serve label, or the readiness-gate condition."""
+
+    LABEL = "label"
+    CONDITION = "condition"
+
+
+class Side(enum.Enum):
+    IN = "in service"
+    OUT = "out of service"
+
+
+#: The side each state puts a pod on; the others (UNHEALTHY) decide nothing.
+SIDES = {
+    ServeState.SERVING: Side.IN,
+    ServeState.NOT_READY: Side.OUT,
+    ServeState.DRAINING: Side.OUT,
+    ServeState.NO_PROXY: Side.OUT,
+}
+VALUES = {
+    (Kind.LABEL, Side.IN): "true",
+    (Kind.LABEL, Side.OUT): "false",
+    (Kind.CONDITION, Side.IN): "True",
+    (Kind.CONDITION, Side.OUT): "False",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class WriteRules:
+    """What the aggregator writes, as an agent in fallback writes it ("" for none)."""
+
+    label_key: str = ""
+    condition_type: str = ""
+    failure_threshold: int = DEFAULT_FAILURE_THRESHOLD
+    success_threshold: int = DEFAULT_SUCCESS_THRESHOLD
+
+    def targets(self) -> tuple[tuple[Kind, str], ...]:
+        found = [(Kind.LABEL, self.label_key), (Kind.CONDITION, self.condition_type)]
+        return tuple((kind, name) for kind, name in found if name)
+
+    def threshold(self, side: Side) -> int:
+        return self.success_threshold if side is Side.IN else self.failure_threshold
+
+    def __str__(self) -> str:
+        parts = [f"label {self.label_key}"] if self.label_key else []
+        parts += [f"condition {self.condition_type}"] if self.condition_type else []
+        return (
+            f"{' and '.join(parts) or 'nothing'} (thresholds: {self.failure_threshold} to leave, "
+            f"{self.success_threshold} to enter)"
+        )
+
+
+def rules_from_flags(mode: str, label_key: str, condition_type: str) -> WriteRules | None:
+    """The rules of ``--fallback-write`` (``""``: None, only an aggregator's), with the
+    aggregator's default thresholds."""
+    if not mode:
+        return None
+    return WriteRules(
+        label_key=label_key if mode in ("label", "both") else "",
+        condition_type=condition_type if mode in ("condition", "both") else "",
+    )
+
+
+def refusal(rules: WriteRules) -> str | None:
+    """Why an agent must not write with ``rules`` (None: it may)."""
+    key, condition = rules.label_key, rules.condition_type
+    if not key and not condition:
+        return "no label key and no condition type to write"
+    if key:
+        if not _QUALIFIED.fullmatch(key):
+            return f"label key {key[:100]!r} is not a valid label key"
+        prefix = key.rpartition("/")[0]
+        reserved = key in RESERVED_LABEL_KEYS or any(
+            prefix == p or prefix.endswith("." + p) for p in RESERVED_PREFIXES
+        )
+        if reserved:
+            return f"label key {key!r} is one KubeRay or Kubernetes relies on for other purposes"
+    if condition:
+        if not _QUALIFIED.fullmatch(condition):
+            return f"condition type {condition[:100]!r} is not a valid condition type"
+        if condition in BUILTIN_CONDITIONS:
+            return f"condition type {condition!r} is the kubelet's, not a readiness gate of ours"
+    if rules.failure_threshold < 1 or rules.success_threshold < 1:
+        return "thresholds must be at least 1"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class PodFacts:
+    """One pod as read from the API: who it is, and what it carries now."""
+
+    key: PodKey
+    uid: str
+    node_name: str = ""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    #: Condition type -> ``"True"``, ``"False"`` (or :data:`NO_PROXY_BY_DESIGN`).
+    conditions: Mapping[str, str] = field(default_factory=dict)
+    readiness_gates: frozenset[str] = frozenset()
+    overridden: bool = False
+    resource_version: str = ""
+
+    @classmethod
+    def from_pod(cls, pod: Mapping[str, Any]) -> PodFacts:
+        metadata = pod.get("metadata") or {}
+        spec, status = pod.get("spec") or {}, pod.get("status") or {}
+        conditions = {}
+        for condition in status.get("conditions") or []:
+            value = str(condition.get("status", ""))
+            if value == "True" and condition.get("reason") == NO_PROXY_BY_DESIGN:
+                value = NO_PROXY_BY_DESIGN
+            conditions[str(condition.get("type", ""))] = value
+        gates = spec.get("readinessGates") or []
+        return cls(
+            key=PodKey(metadata.get("namespace", ""), metadata.get("name", "")),
+            uid=str(metadata.get("uid", "")),
+            node_name=str(spec.get("nodeName", "") or ""),
+            labels=dict(metadata.get("labels") or {}),
+            conditions=conditions,
+            readiness_gates=frozenset(str(g.get("conditionType", "")) for g in gates),
+            overridden=OVERRIDE_ANNOTATION in (metadata.get("annotations") or {}),
+            resource_version=str(metadata.get("resourceVersion", "")),
+        )
+
+    def carried(self, kind: Kind, name: str) -> str | None:
+        """What the pod carries for ``kind``; a missing label counts as ``"false"``."""
+        if kind is Kind.LABEL:
+            return self.labels.get(name, "false")
+        return self.conditions.get(name)
+
+    def newer_than(self, other: PodFacts) -> bool:
+        """Not an earlier version of ``other`` (resourceVersions compared as the aggregator
+        does: only when both are integers of the same pod)."""
+        if self.uid != other.uid:
+            return True
+        new, old = self.resource_version, other.resource_version
+        return not (new.isdigit() and old.isdigit() and int(new) < int(old))
+
+
+@dataclass(frozen=True, slots=True)
+class WhosePods:
+    """Whose pods an agent may write: its own pod (sidecar: namespace, name and uid from the
+    downward API) or the pods on its node (DaemonSet: ``spec.nodeName``)."""
+
+    pod: PodKey | None = None
+    uid: str = ""
+    node_name: str = ""
+
+    def refusal(self, facts: PodFacts) -> str | None:
+        if self.pod is not None:
+            if facts.key != self.pod:
+                return f"pod {facts.key} is not this sidecar's pod {self.pod}"
+            if facts.uid != self.uid:
+                return f"pod {facts.key} has uid {facts.uid}, not POD_UID {self.uid}"
+            return None
+        if not self.node_name or facts.node_name != self.node_name:
+            return f"pod {facts.key} runs on node {facts.node_name!r}, not {self.node_name!r}"
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Write:
+    """One write an agent in fallback makes."""
+
+    key: PodKey
+    uid: str
+    kind: Kind
+    name: str  # the label key, or the condition type
+    value: str  # "true"/"false", or "True"/"False"
+    state: ServeState  # the latest probe's state, and its reason
+    reason: str
+    epoch: int = 0  # which fallback decided it (a write of an earlier one is never sent)
+
+    def __str__(self) -> str:
+        return f"{self.kind.value} {self.name}={self.value} on pod {self.key}"
+
+
+def carrying(facts: PodFacts, write: Write) -> PodFacts:
+    """``facts`` after ``write``, when the API's answer did not show the pod."""
+    if write.kind is Kind.LABEL:
+        return replace(facts, labels={**facts.labels, write.name: write.value})
+    return replace(facts, conditions={**facts.conditions, write.name: write.value})
