@@ -6,16 +6,24 @@ its ``changed`` event when the state differs from the last one; the stream
 (:class:`~node_agent.stream.ReportClient`, :attr:`Agent.stream`) sends a report at once on a
 change, otherwise a resync per interval the aggregator asked for, and reconnects forever.
 The DaemonSet agent (:mod:`node_agent.daemonset`) is built from the same two pieces. Both
-tell a :class:`~node_agent.sink.MetricsSink` what they do (``--metrics-listen``).
+tell a :class:`~node_agent.sink.MetricsSink` what they do (``--metrics-listen``), and both
+write for their own pods when no aggregator accepts their stream for ``--fallback-after``
+(:class:`~node_agent.fallback_runner.FallbackRunner`, :attr:`Agent.fallback`): the sidecar
+loads the Kubernetes client only then.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import importlib
 import random
+import time
 
 from node_agent import __version__
+from node_agent.fallback import Fallback
+from node_agent.fallback_rules import WhosePods
+from node_agent.fallback_runner import FallbackRunner, WriterLike
 from node_agent.flags import AgentFlags
 from node_agent.identity import SidecarPod
 from node_agent.outbox import Outbox
@@ -24,7 +32,8 @@ from node_agent.sink import NO_METRICS, MetricsSink
 from node_agent.stream import ReportClient
 from node_agent.watchdog import Watchdog
 from servehealth.v1 import servehealth_pb2 as pb
-from servehealth_common.probe import Prober
+from servehealth_common.pod_identity import PodKey
+from servehealth_common.probe import Prober, ProbeResult
 
 #: The sidecar's one pod in its outbox (its reports leave ``pod`` unset: the hello names it).
 OWN_POD = "own pod"
@@ -42,16 +51,26 @@ class Agent:
         metrics: MetricsSink = NO_METRICS,
     ) -> None:
         rng = rng or random.Random()
-        outbox = Outbox()
+        self.outbox = outbox = Outbox()
         self._identity = identity
         self._metrics = metrics
+        self._settings = settings
+        self._key = key = PodKey(identity.namespace, identity.name)
+        self._who = f"{identity} (sidecar)"
+        core = Fallback(
+            after=settings.fallback_after,
+            own=WhosePods(pod=key, uid=identity.uid),
+            flag_rules=settings.fallback_rules,
+            clock=time.monotonic,
+        )
+        self.fallback = FallbackRunner(core, self._open_writer, metrics=metrics, own_pod=key)
         grpc_address = settings.grpc_proxy_address
         self.probe = PodProbe(
             settings.proxy_url,
             prober,
             interval=settings.interval,
             confirm_delay=settings.confirm_delay,
-            on_result=functools.partial(outbox.put, OWN_POD, None),
+            on_result=self._result,
             rng=rng,
             name=f"proxy {settings.proxy_url}"
             + (f" and gRPC proxy {grpc_address}" if grpc_address else ""),
@@ -66,7 +85,13 @@ class Agent:
             agent_version=__version__,
         )
         self.stream = ReportClient(
-            settings, hello, outbox, who=str(identity), rng=rng, metrics=metrics
+            settings,
+            hello,
+            outbox,
+            who=str(identity),
+            rng=rng,
+            metrics=metrics,
+            listener=self.fallback,
         )
 
     def not_ready(self) -> str | None:
@@ -78,8 +103,22 @@ class Agent:
         async with asyncio.TaskGroup() as group:
             group.create_task(self.probe_forever(), name="probe")
             group.create_task(self.stream_forever(), name="stream")
+            group.create_task(self.fallback.run(), name="fallback")
 
     # -- the parts ------------------------------------------------------------------------
+
+    def _result(self, result: ProbeResult, changed: bool) -> None:
+        self.outbox.put(OWN_POD, None, result, changed)
+        self.fallback.observe(self._key, result)
+
+    async def _open_writer(self, core: Fallback) -> WriterLike | None:
+        """The fallback's writer and its Kubernetes client, loaded only now (~30 MiB; the
+        import takes a second or more, so in a thread: the event loop keeps running)."""
+        module = await asyncio.to_thread(importlib.import_module, "node_agent.fallback_writer")
+        opened: WriterLike | None = await module.open_sidecar_writer(
+            self._settings, core, who=self._who, metrics=self._metrics
+        )
+        return opened
 
     async def probe_forever(self) -> None:
         identity = self._identity

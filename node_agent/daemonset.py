@@ -2,7 +2,10 @@
 
 It lists and watches the pods of its node (field selector ``spec.nodeName=<NODE_NAME>``, the
 ``--pod-selector`` labels, every namespace or the ``--namespace`` ones): the only Kubernetes
-calls it makes, so its RBAC is ``list`` and ``watch`` on pods. Each pod with an IP gets its own
+calls it makes while an aggregator answers (``list`` and ``watch`` on pods). In fallback (no
+aggregator accepted its stream for ``--fallback-after``) it writes for the pods on its node
+what the aggregator would (:mod:`node_agent.fallback_runner`), with what the watch shows them
+to carry. Each pod with an IP gets its own
 :class:`~node_agent.probing.PodProbe` of ``http://<pod IP>:<serve port>/-/healthz`` (all over
 one HTTP session, at most ``--probe-concurrency`` probes in flight); a pod that vanishes, ends
 (phase Succeeded or Failed) or loses its IP stops being probed and reported. Results go into
@@ -17,10 +20,15 @@ import asyncio
 import functools
 import logging
 import random
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from node_agent import __version__
+from node_agent.fallback import Fallback
+from node_agent.fallback_rules import PodFacts, WhosePods
+from node_agent.fallback_runner import FallbackRunner
+from node_agent.fallback_writer import FallbackWriter
 from node_agent.flags import AgentFlags
 from node_agent.outbox import Outbox
 from node_agent.probing import PodProbe
@@ -38,7 +46,7 @@ from servehealth_common.kube.pods import (
 )
 from servehealth_common.kube.watch import PodWatch
 from servehealth_common.pod_identity import PodKey
-from servehealth_common.probe import Prober
+from servehealth_common.probe import Prober, ProbeResult
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +77,8 @@ def make_kube_client(settings: AgentFlags) -> KubeClient:
 @dataclass(frozen=True, slots=True)
 class PodTarget:
     """A Ray pod on this node, as far as probing it goes (labels and the rest do not matter:
-    a change of them alone leaves the pod's probe running)."""
+    a change of them alone leaves the pod's probe running); ``facts``, what the pod carries
+    (for fallback writes), is not compared."""
 
     namespace: str
     name: str
@@ -78,6 +87,7 @@ class PodTarget:
     serve_port: int
     finished: bool
     grpc_port: int = 0  # 0: no gRPC ingress
+    facts: PodFacts | None = field(default=None, compare=False)
 
     @classmethod
     def from_pod(
@@ -93,6 +103,7 @@ class PodTarget:
             serve_port=serve_port(pod, default_port),
             finished=status.get("phase") in FINISHED_PHASES,
             grpc_port=named_port(pod, SERVE_GRPC_PORT_NAME, default_grpc_port),
+            facts=PodFacts.from_pod(pod),
         )
 
     @property
@@ -150,6 +161,14 @@ class NodeAgent:
         hello = pb.Hello(
             mode=pb.AGENT_MODE_DAEMONSET, node_name=node_name, agent_version=__version__
         )
+        core = Fallback(
+            after=settings.fallback_after,
+            own=WhosePods(node_name=node_name),
+            flag_rules=settings.fallback_rules,
+            clock=time.monotonic,
+        )
+        self._client = client
+        self.fallback = FallbackRunner(core, self._open_writer, metrics=metrics)
         self.stream = ReportClient(
             settings,
             hello,
@@ -158,6 +177,7 @@ class NodeAgent:
             rng=self.rng,
             batch_window=BATCH_WINDOW,
             metrics=metrics,
+            listener=self.fallback,
         )
         #: The node's probe grid (each agent its own phase: nodes do not probe in step).
         self._grid_phase = self.rng.uniform(0, settings.interval)
@@ -185,6 +205,7 @@ class NodeAgent:
                 self._group = group
                 group.create_task(self.stream.run(), name="stream")
                 group.create_task(self._watch_pods(), name="pods")
+                group.create_task(self.fallback.run(), name="fallback")
         finally:
             # The group has cancelled every probe; let the watch threads go too.
             self._group = None
@@ -192,6 +213,11 @@ class NodeAgent:
                 self.metrics.not_probing(key)
             self._probing.clear()
             self.watch.stop()
+
+    async def _open_writer(self, core: Fallback) -> FallbackWriter:
+        """The fallback's writer, on the agent's own client (its watch's)."""
+        who = f"node {self.node_name} (DaemonSet)"
+        return FallbackWriter(self._client, core, who=who, metrics=self.metrics, rng=self.rng)
 
     def not_ready(self) -> str | None:
         """Why the agent is not ready (``/readyz``): until its first pod list succeeded, it
@@ -209,6 +235,11 @@ class NodeAgent:
     # -- what the watch tells -------------------------------------------------------------
 
     def _seen(self, target: PodTarget) -> None:
+        self._probe(target)
+        if target.facts is not None:
+            self.fallback.pod_seen(target.facts)  # what it carries now
+
+    def _probe(self, target: PodTarget) -> None:
         current = self._probing.get(target.key)
         if current is not None and current.target == target:
             return  # labels or status changed, not what the probe needs
@@ -226,6 +257,11 @@ class NodeAgent:
         if target.key in self._probing:
             self._stop(target.key)
             log.info("pod %s: gone from node %s, no longer probed", target, self.node_name)
+        self.fallback.pod_gone(target.key)
+
+    def _result(self, target: PodTarget, result: ProbeResult, changed: bool) -> None:
+        self.outbox.put(target.key, target.ref, result, changed)
+        self.fallback.observe(target.key, result)
 
     def _start(self, target: PodTarget) -> None:
         assert self._group is not None, "pods are seen only while the agent runs"
@@ -234,7 +270,7 @@ class NodeAgent:
             self.prober,
             interval=self.settings.interval,
             confirm_delay=self.settings.confirm_delay,
-            on_result=functools.partial(self.outbox.put, target.key, target.ref),
+            on_result=functools.partial(self._result, target),
             rng=self.rng,
             name=f"pod {target} ({target.url})",
             grid_phase=self._grid_phase,
@@ -253,6 +289,7 @@ class NodeAgent:
         probing.task.cancel()
         self.outbox.discard(key)
         self.metrics.not_probing(key)
+        self.fallback.pod_gone(key)  # its probe results (the pod is seen again after this)
 
 
 def _why_not(target: PodTarget) -> str:

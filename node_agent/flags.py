@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from node_agent.fallback_rules import FALLBACK_WRITES, WriteRules, refusal, rules_from_flags
 from node_agent.token import DEFAULT_TOKEN_FILE
 from servehealth_common import flags as shared
 from servehealth_common.config import check_listen_address, setting
@@ -151,6 +152,34 @@ class AgentFlags:
         "the aggregator refuses as invalid is a permanent error: retried from 10s up to 5m.",
         duration=True,
     )
+    fallback_after: float = setting(
+        10.0,
+        "When no aggregator has accepted this agent's stream for this long (since the last "
+        "stream ended, or since the agent started), the agent writes for its own pods only (a "
+        "sidecar its pod, a DaemonSet agent the pods on its node) what the aggregator would: "
+        "the same label or condition, thresholds and fail static; it stops as soon as a "
+        "stream is accepted. 10s is longer than an aggregator failover (a standby leads within "
+        "~3.3s, agents reconnect within --reconnect-max, 2s), so a failover never triggers it. "
+        "0: never.",
+        duration=True,
+    )
+    fallback_write: str = setting(
+        "",
+        "What to write in fallback until an aggregator says (the last aggregator's settings win "
+        "once received, kept across reconnections): label (--fallback-label-key), condition "
+        "(--fallback-condition-type, on pods that declare it in spec.readinessGates) or both, "
+        "with the aggregator's default thresholds (1 failure out, 2 successes in). Empty: only "
+        "what the last aggregator's settings allow (its --agent-fallback).",
+        choices=FALLBACK_WRITES,
+        shown="(the aggregator's)",
+    )
+    fallback_label_key: str = setting(
+        "ray.io/serve", "The label --fallback-write label (or both) writes: true or false."
+    )
+    fallback_condition_type: str = setting(
+        "ray.io/serve-proxy-healthy",
+        "The readiness-gate condition --fallback-write condition (or both) writes on pods/status.",
+    )
     metrics_listen: str = setting(
         "",
         "HOST:PORT of the agent's plaintext HTTP endpoint: /livez (its loops run and its "
@@ -195,6 +224,11 @@ class AgentFlags:
             raise ValueError("--confirm-delay must not be negative")
         if self.stall_timeout < 0:
             raise ValueError("--stall-timeout must not be negative")
+        if self.fallback_after < 0:
+            raise ValueError("--fallback-after must not be negative (0: no fallback)")
+        rules = self.fallback_rules
+        if rules is not None and (why := refusal(rules)) is not None:
+            raise ValueError(f"--fallback-write {self.fallback_write}: {why}")
         if self.probe_timeout >= self.interval:
             raise ValueError(
                 f"--probe-timeout ({self.probe_timeout:g}s) must be shorter than "
@@ -208,6 +242,13 @@ class AgentFlags:
             return 0.0
         longest_turn = self.interval + 2 * self.probe_timeout + self.confirm_delay
         return max(self.stall_timeout, longest_turn + 1.0)
+
+    @property
+    def fallback_rules(self) -> WriteRules | None:
+        """What --fallback-write asks for (None: only what an aggregator's settings allow)."""
+        return rules_from_flags(
+            self.fallback_write, self.fallback_label_key, self.fallback_condition_type
+        )
 
     @property
     def grpc_proxy_address(self) -> str | None:

@@ -19,13 +19,19 @@ set and the pod count are rendered at scrape time, from the dict.
 - ``serve_health_agent_pods``: pods probed now.
 - ``serve_health_agent_stream_connections_total``: Report streams an aggregator accepted.
 - ``serve_health_agent_stream_failures_total``: streams that could not be opened, or ended.
+- ``serve_health_agent_fallback_seconds``: how long the agent has been in fallback now (no
+  aggregator accepted its stream for ``--fallback-after``: it writes for its own pods), 0 when
+  it is not; computed at scrape time.
+- ``serve_health_agent_fallback_writes_total{kind,result}``: fallback writes (``kind`` label,
+  condition or event) by ``result``: success, error (each failed attempt), not_found (the pod is
+  gone), dropped (an aggregator came back before it was sent).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Hashable, Iterator
+from collections.abc import AsyncIterator, Callable, Hashable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -113,6 +119,20 @@ class AgentMetrics:
             "is retried.",
             registry=r,
         )
+        self._fallback_seconds = Gauge(
+            f"{PREFIX}_fallback_seconds",
+            "How long this agent has been in fallback now (no aggregator accepted its stream for "
+            "--fallback-after: it writes for its own pods itself); 0 when it is not.",
+            registry=r,
+        )
+        self._fallback_writes = Counter(
+            f"{PREFIX}_fallback_writes",
+            "Fallback writes by kind (label, condition, event) and result (success; error: each "
+            "failed attempt; not_found: the pod is gone; dropped: an aggregator came back "
+            "before it was sent).",
+            ["kind", "result"],
+            registry=r,
+        )
 
     # -- MetricsSink --------------------------------------------------------------------
 
@@ -135,6 +155,12 @@ class AgentMetrics:
 
     def stream_failed(self) -> None:
         self._failures.inc()
+
+    def fallback_clock(self, seconds: Callable[[], float]) -> None:
+        self._fallback_seconds.set_function(seconds)
+
+    def fallback_write(self, kind: str, result: str) -> None:
+        self._fallback_writes.labels(kind, result).inc()
 
 
 class Readiness(Protocol):

@@ -1,7 +1,8 @@
 """What the agent tells its metrics, through one small interface.
 
 The probe loops (:mod:`node_agent.probing`, keyed by the agent: :mod:`node_agent.agent`,
-:mod:`node_agent.daemonset`) and the stream (:mod:`node_agent.stream`) call a
+:mod:`node_agent.daemonset`), the stream (:mod:`node_agent.stream`) and the fallback writes
+(:mod:`node_agent.fallback_runner`, :mod:`node_agent.fallback_writer`) call a
 :class:`MetricsSink`; only :mod:`node_agent.metrics`, loaded with ``--metrics-listen``, knows
 Prometheus. Without the flag they call :data:`NO_METRICS`, which does nothing (and the agent
 never loads prometheus_client). Every call is cheap: a few per probe turn, one per stream
@@ -10,7 +11,7 @@ event; each is made from the event loop.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Protocol
 
 from servehealth_common.states import ServeState
@@ -33,6 +34,13 @@ class MetricsSink(Protocol):
     def stream_failed(self) -> None:
         """A Report stream could not be opened, or ended; the agent tries again."""
 
+    def fallback_clock(self, seconds: Callable[[], float]) -> None:
+        """``seconds()`` is how long the agent has been in fallback now (0: it is not)."""
+
+    def fallback_write(self, kind: str, result: str) -> None:
+        """A fallback write (``label``, ``condition`` or ``event``) ended with ``result``
+        (``success``, ``error``, ``not_found``, ``dropped``)."""
+
 
 class NoMetrics:
     """The sink of an agent without ``--metrics-listen``."""
@@ -50,6 +58,12 @@ class NoMetrics:
         pass
 
     def stream_failed(self) -> None:
+        pass
+
+    def fallback_clock(self, seconds: Callable[[], float]) -> None:
+        pass
+
+    def fallback_write(self, kind: str, result: str) -> None:
         pass
 
 

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import random
+from typing import Protocol
 
 import grpc
 
@@ -63,6 +64,31 @@ class StreamEnded(Exception):
     """The aggregator closed the stream without an error."""
 
 
+class StreamListener(Protocol):
+    """Told when a stream is accepted and ends, and what each ``AgentSettings`` says of the
+    aggregator's writes (the agent's fallback, :mod:`node_agent.fallback_runner`)."""
+
+    def settings(self, writes: pb.WriteSettings | None) -> None:
+        """An ``AgentSettings`` arrived; ``writes`` None: it had none (before 0.3.0)."""
+
+    def accepted(self) -> None:
+        """The aggregator accepted the stream (its first settings arrived)."""
+
+    def ended(self) -> None:
+        """An accepted stream is over."""
+
+
+class _NoListener:
+    def settings(self, writes: pb.WriteSettings | None) -> None:
+        pass
+
+    def accepted(self) -> None:
+        pass
+
+    def ended(self) -> None:
+        pass
+
+
 async def connected(channel: grpc.aio.Channel) -> None:
     """Wait until ``channel`` is connected. A failed attempt (refused, unresolvable, a TLS
     handshake that failed) raises ConnectionError at once, rather than waiting out gRPC's own
@@ -89,9 +115,11 @@ class ReportClient:
         rng: random.Random,
         batch_window: float = 0.0,
         metrics: MetricsSink = NO_METRICS,
+        listener: StreamListener | None = None,
     ) -> None:
         self.settings = settings
         self._metrics = metrics
+        self._listener = listener or _NoListener()
         #: After a first change, wait this long for others before sending (0: send at once).
         self._batch_window = batch_window
         self.outbox = outbox
@@ -150,6 +178,7 @@ class ReportClient:
         if was_connected:
             self.connected.clear()
             self._metrics.connected(False)
+            self._listener.ended()
         return was_connected
 
     @property
@@ -260,6 +289,7 @@ class ReportClient:
                 self._slow_backoff.reset()
                 self.connected.set()
                 self._metrics.connected(True)
+                self._listener.accepted()
                 log.info(
                     "connected to aggregator %s as %s%s",
                     self.address,
@@ -281,6 +311,7 @@ class ReportClient:
         if message.WhichOneof("kind") != "settings":
             return
         settings = message.settings
+        self._listener.settings(settings.writes if settings.HasField("writes") else None)
         resync = settings.resync_interval.ToNanoseconds() / 1e9
         on_change = resync > 0
         interval = resync if on_change else settings.heartbeat_interval.ToNanoseconds() / 1e9

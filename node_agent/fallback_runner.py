@@ -1,0 +1,195 @@
+"""The agent's fallback, between the pure decider (:mod:`node_agent.fallback`) and the API
+(:mod:`node_agent.fallback_writer`).
+
+:class:`FallbackRunner` is told everything the decider needs: the Report stream's ups and downs
+and the aggregator's write settings (it is the stream's
+:class:`~node_agent.stream.StreamListener`), every probe result, and each pod as the agent sees
+it (a DaemonSet agent's watch; a sidecar reads its own pod when fallback begins). Its loop
+begins fallback when it is due, logs it ("no aggregator for 10s: writing for my 3 pods
+myself") and its end, and hands the decider's writes to the writer.
+
+The writer, and with it the Kubernetes client, is made only when fallback first begins
+(``open_writer``): a sidecar that never falls back never loads the client (~30 MiB of RSS).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+from node_agent.fallback import Fallback, FallbackChange, FallbackPhase
+from node_agent.fallback_rules import (
+    DEFAULT_FAILURE_THRESHOLD,
+    DEFAULT_SUCCESS_THRESHOLD,
+    PodFacts,
+    Write,
+    WriteRules,
+)
+from node_agent.sink import MetricsSink
+from servehealth.v1 import servehealth_pb2 as pb
+from servehealth_common.fallback_marks import WHY
+from servehealth_common.pod_identity import PodKey
+from servehealth_common.probe import ProbeResult
+
+log = logging.getLogger(__name__)
+
+
+def rules_from(writes: pb.WriteSettings) -> WriteRules | None:
+    """The rules of an aggregator's ``WriteSettings``; None if it allows no fallback."""
+    if not writes.fallback:
+        return None
+    return WriteRules(
+        label_key=writes.label_key if writes.label else "",
+        condition_type=writes.condition_type if writes.condition else "",
+        failure_threshold=writes.failure_threshold or DEFAULT_FAILURE_THRESHOLD,
+        success_threshold=writes.success_threshold or DEFAULT_SUCCESS_THRESHOLD,
+    )
+
+
+class WriterLike(Protocol):
+    """What the runner needs of :class:`~node_agent.fallback_writer.FallbackWriter`."""
+
+    def submit(self, write: Write) -> None: ...
+
+    async def run(self) -> None: ...
+
+    async def read_pod(self, key: PodKey) -> PodFacts | None: ...
+
+
+#: Makes the writer when fallback first begins; None if it cannot (it logged why).
+OpenWriter = Callable[[Fallback], Awaitable["WriterLike | None"]]
+
+
+class FallbackRunner:
+    """``await run()`` until cancelled. ``own_pod``: a sidecar's pod, read from the API when
+    fallback begins (a DaemonSet agent's pods come from its watch: :meth:`pod_seen`)."""
+
+    def __init__(
+        self,
+        core: Fallback,
+        open_writer: OpenWriter,
+        *,
+        metrics: MetricsSink,
+        own_pod: PodKey | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.core = core
+        self._open_writer = open_writer
+        self._own_pod = own_pod
+        self._clock = clock
+        self._wake = asyncio.Event()
+        self._writer: WriterLike | None = None
+        self._writer_task: asyncio.Task[None] | None = None
+        self._said: set[str] = set()  # refusals already logged
+        self._told_rules: object = ()  # the rules last logged
+        metrics.fallback_clock(core.seconds_in_fallback)
+
+    # -- StreamListener ------------------------------------------------------------------
+
+    def settings(self, writes: pb.WriteSettings | None) -> None:
+        if writes is None:
+            return  # an aggregator before 0.3.0: the flags decide
+        rules = rules_from(writes)
+        why = self.core.learned(rules)
+        if why is not None:
+            self._say_once(
+                logging.ERROR,
+                f"refusing the aggregator's write settings for fallback: {why}; this agent "
+                "will not write for its pods when no aggregator answers",
+            )
+        elif rules != self._told_rules:
+            self._told_rules = rules
+            if rules is None:
+                log.info("the aggregator allows no fallback writes by agents")
+            else:
+                log.info("when no aggregator answers, this agent will write %s", rules)
+
+    def accepted(self) -> None:
+        self._log(self.core.stream_up())
+        self._wake.set()
+
+    def ended(self) -> None:
+        self.core.stream_down()
+        self._wake.set()
+
+    # -- what the agent sees ---------------------------------------------------------------
+
+    def observe(self, key: PodKey, result: ProbeResult) -> None:
+        self.core.observe(key, result.state, result.reason)
+        if self.core.phase is FallbackPhase.FALLBACK:
+            self._wake.set()
+
+    def pod_seen(self, facts: PodFacts) -> None:
+        why = self.core.pod_seen(facts)
+        if why is not None:
+            log.debug("%s: not writing: %s", WHY, why)
+        elif self.core.phase is FallbackPhase.FALLBACK:
+            self._wake.set()
+
+    def pod_gone(self, key: PodKey) -> None:
+        self.core.pod_gone(key)
+
+    # -- the loop ------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        try:
+            while True:
+                due = self.core.due()
+                timeout = None if due is None else max(0.0, due - self._clock())
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(timeout):
+                        await self._wake.wait()
+                self._wake.clear()
+                began = self.core.tick()
+                if began is not None:
+                    await self._begin(began)
+                if self._writer is not None:
+                    for write in self.core.decide():
+                        self._writer.submit(write)
+        finally:
+            if self._writer_task is not None:
+                self._writer_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._writer_task
+
+    async def _begin(self, began: FallbackChange) -> None:
+        self._log(began)
+        if self._writer is None:
+            self._writer = await self._open_writer(self.core)
+            if self._writer is None:
+                return
+            self._writer_task = asyncio.create_task(self._writer.run(), name="fallback writer")
+        if self._own_pod is not None:
+            facts = await self._writer.read_pod(self._own_pod)
+            if facts is not None and (why := self.core.pod_seen(facts)) is not None:
+                self._say_once(logging.ERROR, f"{WHY}: not writing: {why}")
+
+    def _log(self, transition: FallbackChange | None) -> None:
+        if transition is None:
+            return
+        if transition.new is FallbackPhase.FALLBACK:
+            pods = 1 if self._own_pod is not None else self.core.own_pods()
+            log.warning(
+                "%s for %.0fs: writing for my %d pod%s myself (%s) until one accepts this "
+                "agent's stream",
+                WHY,
+                transition.seconds,
+                pods,
+                "" if pods == 1 else "s",
+                self.core.rules,
+            )
+        elif transition.old is FallbackPhase.FALLBACK:
+            log.warning(
+                "an aggregator accepted the stream after %.1fs of fallback: no longer writing "
+                "for my pods",
+                transition.seconds,
+            )
+
+    def _say_once(self, level: int, message: str) -> None:
+        if message not in self._said:
+            self._said.add(message)
+            log.log(level, message)

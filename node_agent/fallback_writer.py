@@ -1,0 +1,295 @@
+"""The agent's fallback writes on the Kubernetes API: the aggregator's bodies, plus the marks of
+an agent's write (:mod:`servehealth_common.fallback_marks`), an Event each, one log line each.
+
+- label: a JSON merge patch of ``metadata.labels[<key>]`` and the annotation
+  ``ray-serve-health/fallback-write: <RFC 3339 time> <agent>``;
+- condition: a strategic merge patch of ``pods/status`` with the condition (type, status,
+  reason ``NoAggregator``, a message naming the agent, lastTransitionTime now);
+- then an Event on the pod (reason ``NoAggregator``; Normal into service, Warning out of it).
+
+Each call has the client's deadline (``--kube-timeout``). 429, 5xx, 409 and broken connections
+are retried with capped, jittered backoff (honouring ``Retry-After``) for as long as the
+decider still wants the write (:meth:`~node_agent.fallback.Fallback.still_wanted`: a stream
+accepted meanwhile drops it); 404 means the pod is gone; anything else (a 403: no RBAC for it)
+is given up until the next fallback. A failing write is logged when its failure starts and
+when it changes or ends (with the number of attempts), not at every attempt.
+
+This module imports the Kubernetes client: a sidecar loads it only when fallback begins.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+import random
+from typing import Any
+
+from node_agent.fallback import Fallback, FallbackPhase
+from node_agent.fallback_rules import Kind, PodFacts, Write
+from node_agent.flags import AgentFlags
+from node_agent.sink import MetricsSink
+from servehealth_common import fallback_marks as marks
+from servehealth_common.backoff import Backoff
+from servehealth_common.kube.client import KubeClient, NoKubeConfig
+from servehealth_common.kube.errors import APIError, APINotFoundError
+from servehealth_common.pod_identity import PodKey
+
+log = logging.getLogger(__name__)
+
+COMPONENT = "ray-serve-health-agent"
+#: Retries: full jitter up to 0.2 s, 0.4 s, ... 30 s; a Retry-After is honoured up to that.
+RETRY_BASE, RETRY_CAP = 0.2, 30.0
+#: Writes in flight at most (a DaemonSet agent's node may have many pods).
+WORKERS = 2
+#: Values that put a pod in service (an Event of type Normal; the others are Warnings).
+IN_SERVICE = frozenset({"true", "True"})
+
+
+def rfc3339_now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def write_body(write: Write, who: str, now: str) -> dict[str, Any]:
+    """The patch of ``write``: a label with its annotation, or a condition."""
+    if write.kind is Kind.LABEL:
+        return {
+            "metadata": {
+                "labels": {write.name: write.value},
+                "annotations": {marks.ANNOTATION: marks.annotation_value(now, who)},
+            }
+        }
+    condition = {
+        "type": write.name,
+        "status": write.value,
+        "reason": marks.CONDITION_REASON,
+        "message": f"{marks.WHY}: written by the agent {who} ({write.state.name}: {write.reason})"[
+            :512
+        ],
+        "lastTransitionTime": now,
+    }
+    return {"status": {"conditions": [condition]}}
+
+
+def event_body(write: Write, who: str, now: str) -> dict[str, Any]:
+    key = write.key
+    message = (
+        f"{marks.WHY}: the agent {who} wrote {write.kind.value} {write.name}={write.value} "
+        f"({write.state.name}: {write.reason})"
+    )
+    return {
+        "metadata": {"generateName": f"{key.name}.", "namespace": key.namespace},
+        "involvedObject": {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "namespace": key.namespace,
+            "name": key.name,
+            "uid": write.uid,
+        },
+        "reason": marks.EVENT_REASON,
+        "message": message[:1024],
+        "type": "Normal" if write.value in IN_SERVICE else "Warning",
+        "source": {"component": COMPONENT},
+        "reportingComponent": COMPONENT,
+        "reportingInstance": who[:128],
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+    }
+
+
+class FallbackWriter:
+    """Sends what the decider hands out (:meth:`submit`), with ``WORKERS`` tasks (:meth:`run`)."""
+
+    def __init__(
+        self,
+        client: KubeClient,
+        core: Fallback,
+        *,
+        who: str,
+        metrics: MetricsSink,
+        rng: random.Random | None = None,
+        owns_client: bool = False,
+    ) -> None:
+        self.client = client
+        self._owns_client = owns_client
+        self._core = core
+        self._who = who
+        self._metrics = metrics
+        self._rng = rng or random.Random()
+        self._queue: asyncio.Queue[Write] = asyncio.Queue()
+        self._event_trouble = ""
+
+    def submit(self, write: Write) -> None:
+        self._queue.put_nowait(write)
+
+    async def run(self) -> None:
+        try:
+            async with asyncio.TaskGroup() as group:
+                for number in range(WORKERS):
+                    group.create_task(self._work(), name=f"fallback-writer-{number}")
+        finally:
+            if self._owns_client:
+                self.client.close()
+
+    async def read_pod(self, key: PodKey) -> PodFacts | None:
+        """The pod as the API shows it now (a sidecar, when fallback begins), retried like a
+        write while fallback lasts; None if it is gone, cannot be read, or fallback ended."""
+        backoff, trouble, attempts = self._backoff(), "", 0
+        while self._core.phase is FallbackPhase.FALLBACK:
+            try:
+                return PodFacts.from_pod(await self.client.get_pod(key))
+            except APINotFoundError:
+                log.warning("%s: pod %s not found; nothing to write", marks.WHY, key)
+                return None
+            except APIError as error:
+                attempts += 1
+                if not error.retryable:
+                    log.error("%s: cannot read pod %s: %s; not writing", marks.WHY, key, error)
+                    return None
+                if str(error.status) != trouble:
+                    trouble = str(error.status)
+                    log.warning(
+                        "%s: cannot read pod %s: %s; retrying with backoff (logged again when "
+                        "this changes)",
+                        marks.WHY,
+                        key,
+                        error,
+                    )
+                await asyncio.sleep(_delay(backoff, error))
+        return None
+
+    # -- the work -------------------------------------------------------------------------
+
+    def _backoff(self) -> Backoff:
+        return Backoff(base=RETRY_BASE, cap=RETRY_CAP, rng=self._rng)
+
+    async def _work(self) -> None:
+        while True:
+            write = await self._queue.get()
+            try:
+                await self._write(write)
+            except Exception:  # a surprise must not stop the other writes
+                log.exception("%s: write of %s failed", marks.WHY, write)
+                self._core.finished(write, gave_up=True)
+                self._metrics.fallback_write(write.kind.value, "error")
+
+    async def _write(self, write: Write) -> None:
+        """Send ``write`` until it lands, the pod is gone, it fails for good, or it is no
+        longer wanted."""
+        backoff, attempts, trouble = self._backoff(), 0, ""
+        while True:
+            if not self._core.still_wanted(write):
+                self._core.finished(write)
+                self._metrics.fallback_write(write.kind.value, "dropped")
+                log.debug("%s: %s not sent: no longer wanted", marks.WHY, write)
+                return
+            now = rfc3339_now()
+            try:
+                answer = await self._send(write, now)
+            except APINotFoundError:
+                self._core.pod_gone(write.key)
+                self._core.finished(write)
+                self._metrics.fallback_write(write.kind.value, "not_found")
+                log.info(
+                    "%s: pod %s is gone; dropping its %s write",
+                    marks.WHY,
+                    write.key,
+                    write.kind.value,
+                )
+                return
+            except APIError as error:
+                attempts += 1
+                self._metrics.fallback_write(write.kind.value, "error")
+                if not error.retryable and error.status != 409:
+                    log.error("%s: cannot write %s: %s; not retried", marks.WHY, write, error)
+                    self._core.finished(write, gave_up=True)
+                    return
+                condition = f"HTTP {error.status}" if error.status else "no answer"
+                delay = _delay(backoff, error)
+                if condition != trouble:
+                    was = f" (was: {trouble})" if trouble else ""
+                    log.warning(
+                        "%s: cannot write %s: %s%s; retrying with backoff (logged again when "
+                        "this changes or ends)",
+                        marks.WHY,
+                        write,
+                        error,
+                        was,
+                    )
+                    trouble = condition
+                else:
+                    log.debug("%s: %s: %s (attempt %d)", marks.WHY, write, error, attempts)
+                await asyncio.sleep(delay)
+                continue
+            self._metrics.fallback_write(write.kind.value, "success")
+            after = f" after {attempts} failed attempts" if attempts else ""
+            log.info(
+                "%s: wrote %s (%s: %s) as the agent %s%s",
+                marks.WHY,
+                write,
+                write.state.name,
+                write.reason,
+                self._who,
+                after,
+            )
+            facts = PodFacts.from_pod(answer) if answer.get("metadata") else None
+            self._core.finished(write, answer=facts, written=True)
+            await self._event(write, now)
+            return
+
+    async def _send(self, write: Write, now: str) -> dict[str, Any]:
+        body = write_body(write, self._who, now)
+        if write.kind is Kind.LABEL:
+            return await self.client.patch_pod(write.key, body)
+        return await self.client.patch_pod_status(write.key, body)
+
+    async def _event(self, write: Write, now: str) -> None:
+        """The write's Event (best effort: one try; failures logged when they start or
+        change)."""
+        try:
+            await self.client.create_event(write.key.namespace, event_body(write, self._who, now))
+        except APIError as error:
+            self._metrics.fallback_write("event", "error")
+            trouble = f"HTTP {error.status}" if error.status else "no answer"
+            if trouble != self._event_trouble:
+                self._event_trouble = trouble
+                log.warning(
+                    "%s: event for pod %s not recorded: %s (logged again when this changes)",
+                    marks.WHY,
+                    write.key,
+                    error,
+                )
+            return
+        self._metrics.fallback_write("event", "success")
+        if self._event_trouble:
+            log.info("%s: events are recorded again", marks.WHY)
+            self._event_trouble = ""
+
+
+async def open_sidecar_writer(
+    settings: AgentFlags, core: Fallback, *, who: str, metrics: MetricsSink
+) -> FallbackWriter | None:
+    """A sidecar's writer, with a Kubernetes client of its own (``--kubeconfig``, else the
+    in-cluster ServiceAccount), made when fallback first begins (the configuration is read in
+    a thread: never on the event loop); None (logged) without one."""
+    try:
+        client = await asyncio.to_thread(_sidecar_client, settings)
+    except NoKubeConfig as error:
+        log.error("%s: cannot write for my pod: %s", marks.WHY, error)
+        return None
+    return FallbackWriter(client, core, who=who, metrics=metrics, owns_client=True)
+
+
+def _sidecar_client(settings: AgentFlags) -> KubeClient:
+    from node_agent.daemonset import make_kube_client  # the same client as a DaemonSet agent's
+
+    return make_kube_client(settings)
+
+
+def _delay(backoff: Backoff, error: APIError) -> float:
+    """The wait before the next attempt: ``Retry-After`` if the API gave one (within
+    reason), else the backoff's."""
+    if error.retry_after is not None:
+        return min(max(error.retry_after, RETRY_BASE), RETRY_CAP)
+    return backoff.next()
