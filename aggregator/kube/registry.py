@@ -294,8 +294,14 @@ class KubeRegistry(PodRegistry):
         gated = (
             self.settings.writes_condition and self.settings.condition_type in pod.readiness_gates
         )
-        by_design = gated and self.carried(pod.key, WriteKind.CONDITION) == NO_PROXY_BY_DESIGN
-        label = pod.labels.get(self.settings.label_key)
+        condition = self.carried(pod.key, WriteKind.CONDITION) if gated else None
+        by_design = condition == NO_PROXY_BY_DESIGN
+        # Seeded SERVING only where everything this aggregator writes on the pod says so: in
+        # condition mode the label is not ours (KubeRay puts ray.io/serve=true on a new worker,
+        # whose condition must still be written once), and a gated pod's condition is.
+        said = [pod.labels.get(self.settings.label_key)] if self.settings.writes_label else []
+        said += ["true" if condition == "True" else None] if gated else []
+        label = "true" if said and all(value == "true" for value in said) else None
         self._sink.pod_seen(pod.info, label, by_design=by_design)
         if pod.head and pod.cluster:
             self.serve_views.head_seen((pod.key.namespace, pod.cluster), self._dashboard(pod))

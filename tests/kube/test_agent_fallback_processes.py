@@ -8,8 +8,8 @@
   ``--fallback-after`` + 2 s of the agent's start, a pod whose proxy answers 503 leaves
   service, a pod whose proxy hangs stays. An aggregator back: the agents stop writing, the
   aggregator writes nothing that was already right, and no pod flaps (each pod's history of
-  condition PATCHes). In condition-only mode the aggregator's side fails today for a reason of
-  its own (``SEED_BUG``, an expected failure until it is fixed); in both modes it holds.
+  condition PATCHes), in condition-only mode as in both (the aggregator seeds a gated pod
+  from its condition, not from a label it does not write).
 - Label mode (the agent's own ``--fallback-write label``, no aggregator ever): the label with
   the annotation of an agent's write, an Event, in and out.
 - A DaemonSet agent writes for the pods on its node, never for a pod on another node.
@@ -158,15 +158,6 @@ def add_pod(kube: KubeEmulator, name: str, proxy: FakeServeProxy, **settings: An
     )
 
 
-#: The aggregator's condition-only restart: it seeds a pod from its label, not its condition.
-SEED_BUG = (
-    "aggregator/kube/registry.py (_upsert) seeds a pod from its label even in --mode condition: "
-    "a pod without the label starts UNKNOWN and its condition True is rewritten False (one with "
-    "KubeRay's ray.io/serve=true starts SERVING and its False is rewritten True) until its agent "
-    "reports: a flap at every aggregator start in condition mode, fallback or not"
-)
-
-
 @pytest.mark.parametrize("mode", ["condition", "both"])
 async def test_no_aggregator_then_one_back(
     kube_emulator: KubeEmulator,
@@ -260,8 +251,6 @@ async def test_no_aggregator_then_one_back(
     # The aggregator writes nothing that was already right: no pod flaps.
     rewritten = [(c.name, c.body) for c in writes_by(kube, agent=False, since=back)]
     rewritten = [(name, body) for name, body in rewritten if name and name.startswith("pod-")]
-    if rewritten and mode == "condition":
-        pytest.xfail(SEED_BUG)
     assert rewritten == [], "the aggregator rewrote what was already right"
     assert condition_history(kube, "pod-0") == [("aggregator", "True"), ("agent", "False")]
     assert condition_history(kube, "pod-1") == [("aggregator", "True")]

@@ -6,7 +6,8 @@ the Kubernetes API emulator, an in-process aggregator with ``--leader-elect`` ta
 Lease whose holder last renewed at T: the pods marked after T are counted
 (``serve_health_agent_fallback_pods``, one warning), those marked before are not (an earlier
 fallback), and none of them is written (they carry what it wants). The mark parser's edge cases
-are a table.
+are a table. So is the seeding of a gated pod at start, from what this aggregator writes (the
+condition in condition mode, not KubeRay's label).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import pytest
 from aggregator.kube.pods import fallback_mark
 from aggregator.leader import micro_time
 from servehealth_common import fallback_marks
+from servehealth_common.pod_identity import PodKey
+from servehealth_common.states import ServeState
 from tests.conftest import StartAggregator, eventually
 from tests.kube.emulator import LEASES, PODS, KubeEmulator
 from tests.kube.test_leader_election import ELECTION, NAME, NS, is_serving
@@ -131,3 +134,54 @@ async def test_pods_agents_wrote_after_the_last_renewal_are_counted_and_not_writ
 )
 def test_the_mark_of_a_pod(pod: dict[str, Any], expected: datetime.datetime | None) -> None:
     assert fallback_mark(pod) == expected
+
+
+@pytest.mark.parametrize(
+    ("mode", "labels", "conditions", "seeded"),
+    [
+        pytest.param(
+            "condition", {}, [condition("True", "ServeProxyServing", NOW)], True, id="c-true"
+        ),
+        pytest.param("condition", {"ray.io/serve": "true"}, [], False, id="c-new-kuberay-worker"),
+        pytest.param(
+            "condition",
+            {"ray.io/serve": "true"},
+            [condition("False", "X", NOW)],
+            False,
+            id="c-false",
+        ),
+        pytest.param(
+            "both", {"ray.io/serve": "true"}, [condition("True", "X", NOW)], True, id="b-both-true"
+        ),
+        pytest.param("both", {"ray.io/serve": "true"}, [], False, id="b-no-condition"),
+        pytest.param("both", {}, [condition("True", "X", NOW)], False, id="b-no-label"),
+        pytest.param("label", {"ray.io/serve": "true"}, [], True, id="l-true"),
+    ],
+)
+async def test_a_gated_pod_is_seeded_from_what_this_aggregator_writes(
+    kube_emulator: KubeEmulator,
+    start_kube: StartAggregator,
+    mode: str,
+    labels: dict[str, str],
+    conditions: list[dict[str, Any]],
+    seeded: bool,
+) -> None:
+    """SERVING at start only where everything the aggregator writes on the pod says so: in
+    condition mode the label is KubeRay's (a new worker carries ray.io/serve=true, and its
+    condition must still be written once), and a restart must not rewrite a True condition."""
+    kube_emulator.add_pod(
+        "ray",
+        "ray-worker-0",
+        labels={"ray.io/node-type": "worker", **labels},
+        pod_ip="127.0.0.1",
+        serve_port=1,
+        readiness_gates=[CONDITION],
+        conditions=conditions,
+    )
+    mark = kube_emulator.checkpoint()
+    aggregator = await start_kube(mode=mode, condition_type=CONDITION, startup_grace=60)
+    record = aggregator.core.pod(PodKey("ray", "ray-worker-0"))
+    assert record is not None
+    assert (record.state is ServeState.SERVING) is seeded, record.state
+    if seeded:  # nothing to write at start
+        assert kube_emulator.requests("PATCH", resource=PODS, namespace="ray", since=mark) == []
