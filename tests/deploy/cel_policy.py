@@ -10,11 +10,14 @@ makes it."""
 from __future__ import annotations
 
 import copy
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
 import celpy
 from celpy import celtypes
+
+from tests.deploy.manifests import SETTINGS, find, render
 
 
 @dataclass
@@ -153,3 +156,16 @@ def set_path(*path: str, value: Any) -> Any:
 
 def set_image(obj: dict[str, Any]) -> None:
     obj["spec"]["containers"][0]["image"] = "attacker/miner:latest"
+
+
+@functools.cache
+def rendered_policy(
+    directory: str, name: str
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """(policy ``name``, its binding, the settings ConfigMap) as ``directory`` renders them."""
+    objects = render(directory)
+    return (
+        find(objects, "ValidatingAdmissionPolicy", name),
+        find(objects, "ValidatingAdmissionPolicyBinding", name),
+        find(objects, "ConfigMap", SETTINGS),
+    )

@@ -30,12 +30,13 @@ from tests.deploy.cel_policy import (
     Verdict,
     all_of,
     changed,
+    rendered_policy,
     set_condition,
     set_image,
     set_label,
     set_path,
 )
-from tests.deploy.manifests import ROOT, SETTINGS, find, render, render_written
+from tests.deploy.manifests import ROOT, SETTINGS, find, render_written
 
 NAMESPACE = "ray-serve-health"
 NAME = "ray-serve-health-aggregator"  # the policy's, its binding's and the account's
@@ -50,15 +51,9 @@ CONDITION = "ray.io/serve-proxy-healthy"
 # -- the policy, as the overlays render it -----------------------------------------------
 
 
-@functools.cache
 def rendered(directory: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """(policy, binding, settings ConfigMap) as ``directory`` renders them."""
-    objects = render(directory)
-    return (
-        find(objects, "ValidatingAdmissionPolicy", NAME),
-        find(objects, "ValidatingAdmissionPolicyBinding", NAME),
-        find(objects, "ConfigMap", SETTINGS),
-    )
+    return rendered_policy(directory, NAME)
 
 
 @functools.cache

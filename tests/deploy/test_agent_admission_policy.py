@@ -39,6 +39,7 @@ from tests.deploy.cel_policy import (
     Verdict,
     all_of,
     changed,
+    rendered_policy,
     set_condition,
     set_image,
     set_label,
@@ -74,15 +75,9 @@ UID = {
 # -- the policy, as the overlays render it ----------------------------------------------
 
 
-@functools.cache
 def rendered(directory: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """(policy, binding, settings ConfigMap) as ``directory`` renders them."""
-    objects = render(directory)
-    return (
-        find(objects, "ValidatingAdmissionPolicy", NAME),
-        find(objects, "ValidatingAdmissionPolicyBinding", NAME),
-        find(objects, "ConfigMap", SETTINGS),
-    )
+    return rendered_policy(directory, NAME)
 
 
 @functools.cache
