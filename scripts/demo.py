@@ -30,6 +30,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 
 import grpc
 
+from aggregator.report_service import SHUTDOWN_MESSAGE
 from bench import harness
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth_common.states import ServeState
@@ -51,6 +52,15 @@ def say(text: str = "") -> None:
         print(text, flush=True)
 
 
+def watch_ended_cleanly(code: grpc.StatusCode, details: str | None) -> bool:
+    """How a WatchTransitions stream may end when the demo stops it: cancelled by us, or ended
+    by the aggregator's drain (UNAVAILABLE with its shutdown message, as documented in
+    aggregator/inspection_service.py). Anything else is a failure the demo reports."""
+    if code == grpc.StatusCode.CANCELLED:
+        return True
+    return code == grpc.StatusCode.UNAVAILABLE and details == SHUTDOWN_MESSAGE
+
+
 class Watcher:
     """Prints every transition of a WatchTransitions stream, on a thread of its own."""
 
@@ -67,7 +77,7 @@ class Watcher:
                 self.transitions.append(transition)
                 say(f"    transition  {harness.format_transition(transition)}")
         except grpc.RpcError as error:
-            if error.code() != grpc.StatusCode.CANCELLED:
+            if not watch_ended_cleanly(error.code(), error.details()):
                 self.error = f"{error.code().name}: {error.details()}"
 
     def stop(self, timeout: float = 5.0) -> None:
