@@ -29,6 +29,7 @@ from node_agent.token import DEFAULT_TOKEN_FILE, TokenFile
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
 from servehealth_common.backoff import Backoff, jittered, jittered_below
+from servehealth_common.first_ends import ChildCancelled, cancels, reraise_cancel, until_first_ends
 from servehealth_common.probe import ProbeResult
 from servehealth_common.tls import channel_credentials
 from servehealth_common.tokens import TOKEN_EXPIRED
@@ -152,11 +153,14 @@ class ReportClient:
         self._warned_plaintext = False
 
     async def run(self) -> None:
-        """Stream, and reconnect whenever the stream ends; never returns."""
+        """Stream, and reconnect whenever the stream ends; never returns. Ends when its task
+        is cancelled, even by a cancel that came with a stream's error."""
+        since = cancels()
         while True:
             try:
                 await self._stream_once()
             except Exception as error:  # never let one stream's surprise end the agent
+                reraise_cancel(since, error)
                 self._metrics.stream_failed()
                 self._failed(error, was_connected=self.connected.is_set())
             finally:
@@ -296,11 +300,12 @@ class ReportClient:
                     self._who,
                     self._attempts.connected(self.address),
                 )
-                async with asyncio.TaskGroup() as group:
-                    group.create_task(self._read_forever(call))
-                    group.create_task(self._write_forever(call))
-            except* (StreamEnded, grpc.aio.AioRpcError, TimeoutError, OSError) as group_error:
-                raise group_error.exceptions[0] from None
+                # Not a TaskGroup: see servehealth_common.first_ends (a lost SIGTERM).
+                await until_first_ends(
+                    self._read_forever(call), self._write_forever(call), names=("read", "write")
+                )
+            except ChildCancelled:  # gRPC cancelled the call under the reader, not us
+                raise StreamEnded("the stream was cancelled") from None
             finally:
                 call.cancel()
 

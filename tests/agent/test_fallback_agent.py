@@ -59,11 +59,6 @@ async def proxy() -> AsyncIterator[FakeServeProxy]:
     await started.stop()
 
 
-@pytest.mark.skip(
-    reason="hangs about 1 run in 6 (the test's coroutine waits for ever after fallback, "
-    "found 2026-12-01 in a clean-clone CI run; not yet understood): a hang would stall CI. "
-    "tests/kube/test_agent_fallback_processes.py covers the same path with real processes."
-)
 async def test_the_sidecar_falls_back_with_what_the_aggregator_said(
     kube_emulator: KubeEmulator,
     kubeconfig_path: pathlib.Path,
