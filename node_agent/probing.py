@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 
 from node_agent.watchdog import Watchdog
 from servehealth_common.backoff import jittered_below
+from servehealth_common.first_ends import cancels, reraise_cancel
 from servehealth_common.probe import Prober, ProbeResult
 from servehealth_common.states import ServeState
 
@@ -118,9 +119,13 @@ class PodProbe:
     async def _probe_and_publish(self) -> ProbeResult | None:
         """One probe; its result becomes :attr:`latest`, goes to ``on_result`` and is returned
         (None if the probe failed unexpectedly)."""
+        since = cancels()
         try:
             result = await self.probe_once()
-        except Exception:  # a probe's surprise must not end the agent: try again next turn
+        except Exception as error:  # a probe's surprise must not end the agent: next turn
+            # ... but a cancel must: on 3.11 asyncio.gather (HTTP and gRPC halves) hands a
+            # half's error to a task cancelled in the same iteration, the cancel spent.
+            reraise_cancel(since, error)
             log.exception("%s: probe failed", self.name)
             return None
         previous, self.latest = self.latest, result
