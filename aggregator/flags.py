@@ -138,7 +138,8 @@ class AggregatorFlags:
         "auto",
         "Whether agents that no aggregator answered for their --fallback-after write for their "
         "own pods what it would (sent to them with the settings). auto: in condition and both "
-        "modes (where a new pod is never Ready without a writer), not in label mode.",
+        "modes (where a new pod is never Ready without a writer), not in label mode. Never "
+        "with --dry-run: a shadow aggregator tells its agents not to write.",
         choices=("auto", "on", "off"),
     )
     events: bool = setting(
@@ -149,7 +150,9 @@ class AggregatorFlags:
         "Shadow mode: decide everything as usual (discovery, agents, pulls, PANIC, inspection, "
         "metrics) but write nothing to the Kubernetes API: no label, condition, Event or Lease. "
         "serve_health_shadow_disagreements and GetSummary count the pods that carry another "
-        "value than the one it would write. Not with --leader-elect (run one replica).",
+        "value than the one it would write; its agents are told not to write either when no "
+        "aggregator answers (whatever --agent-fallback says). Not with --leader-elect (run one "
+        "replica).",
     )
     ray_dashboard_port: int = setting(
         8265,

@@ -1,0 +1,124 @@
+"""Helpers for tests that run real ``serve-health-agent`` processes on the Kubernetes API
+emulator and tell their requests from the aggregator's (by User-Agent): sidecars, loopback
+proxies, and the write requests each side made.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from bench import harness
+from tests.conftest import eventually
+from tests.fakes import FakeServeProxy
+from tests.kube.emulator import ApiCall, KubeEmulator
+
+GATE = "ray.io/serve-proxy-healthy"
+LABEL = "ray.io/serve"
+LABELS = {"ray.io/node-type": "worker"}
+FALLBACK_AFTER = 2.0
+PROBE_INTERVAL = 0.3
+FAILING = (503, "Service Unavailable")
+AGENT_UA = "ray-serve-health-agent/"
+AGGREGATOR_UA = "ray-serve-health"
+WRITES = ("PATCH", "POST", "PUT", "DELETE")
+#: Faster probes than the default, so that the stories stay short.
+AGENT_ARGS = (
+    f"--interval={PROBE_INTERVAL * 1000:.0f}ms",
+    "--probe-timeout=200ms",
+    f"--fallback-after={FALLBACK_AFTER}s",
+)
+FALLBACK_BEGAN = re.compile(r"no aggregator for \d+s: writing for my \d+ pods? myself")
+STARTED = re.compile(r"agent for pod \S+ on node")
+
+
+def user_agent(call: ApiCall) -> str:
+    return next((v for k, v in call.headers.items() if k.lower() == "user-agent"), "")
+
+
+def by_agent(call: ApiCall) -> bool:
+    return user_agent(call).startswith(AGENT_UA)
+
+
+def writes_by(kube: KubeEmulator, agent: bool, since: float = float("-inf")) -> list[ApiCall]:
+    """Write requests (PATCH, POST, ...) made by agents (or by the aggregator) since ``since``
+    (event-loop time)."""
+    return [
+        call
+        for method in WRITES
+        for call in kube.requests(method)
+        if call.at >= since and (by_agent(call) if agent else user_agent(call) == AGGREGATOR_UA)
+    ]
+
+
+def condition(kube: KubeEmulator, name: str) -> str | None:
+    found = kube.pod_conditions("default", name).get(GATE)
+    return found["status"] if found else None
+
+
+def add_pod(kube: KubeEmulator, name: str, proxy: FakeServeProxy, **settings: Any) -> dict:
+    return kube.add_pod(
+        "default",
+        name,
+        labels={**LABELS, **settings.pop("labels", {})},
+        pod_ip="127.0.0.1",
+        serve_port=proxy.port,
+        **settings,
+    )
+
+
+def spawn_sidecar(
+    log_dir: Path,
+    aggregator: str,
+    proxy: FakeServeProxy,
+    pod: dict[str, Any],
+    kubeconfig: Path,
+    *extra: str,
+) -> harness.Process:
+    """A sidecar agent process for ``pod`` (as stored in the emulator), returned at once."""
+    metadata = pod["metadata"]
+    identity = harness.PodIdentity("default", metadata["name"], metadata["uid"], "node-1")
+    return harness.spawn(
+        metadata["name"],
+        [
+            "-m",
+            "node_agent",
+            f"--aggregator={aggregator}",
+            f"--proxy-url={proxy.url}",
+            f"--kubeconfig={kubeconfig}",
+            *AGENT_ARGS,
+            *extra,
+        ],
+        log_dir / f"{metadata['name']}.log",
+        harness.agent_environ(identity),
+    )
+
+
+async def more_probes(proxy: FakeServeProxy, seconds: float) -> None:
+    """Wait until ``proxy`` has seen ``seconds`` worth of the agent's probes (at least): the
+    agent's probes as a clock."""
+    target = proxy.requests + max(1, round(seconds / PROBE_INTERVAL))
+    await eventually(lambda: proxy.requests >= target, timeout=seconds * 3 + 10)
+
+
+class ProxyPool:
+    """Running loopback proxies: ``await pool.start(n)`` more, ``await pool.stop()`` them all."""
+
+    def __init__(self) -> None:
+        self.started: list[FakeServeProxy] = []
+
+    async def start(self, count: int) -> list[FakeServeProxy]:
+        fresh = [await FakeServeProxy().start() for _ in range(count)]
+        self.started.extend(fresh)
+        return fresh
+
+    async def stop(self) -> None:
+        for proxy in self.started:
+            await proxy.stop()
+
+
+def stop_all(running: list[harness.Process]) -> None:
+    """Stop ``running`` processes in reverse order."""
+    for process in reversed(running):
+        process.stop()

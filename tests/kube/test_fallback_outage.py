@@ -1,0 +1,116 @@
+"""Agents in fallback during an outage, with the real programs (issue 26): real
+``serve-health-aggregator`` and ``serve-health-agent`` processes on the Kubernetes API emulator,
+each agent probing a loopback ``FakeServeProxy``, with ``--fallback-after 2s``. Agent requests
+are told from the aggregator's by their User-Agent.
+
+- A shadow aggregator (``--dry-run``) never arms the agents (bug 3): it tells them that agents
+  may not write, whatever its ``--agent-fallback`` says, and an agent that learned so writes
+  nothing when it is gone, not even what its own ``--fallback-write`` says.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from bench import harness
+from tests.conftest import eventually
+from tests.kube.agent_processes import (
+    FAILING,
+    FALLBACK_AFTER,
+    FALLBACK_BEGAN,
+    GATE,
+    LABEL,
+    ProxyPool,
+    add_pod,
+    more_probes,
+    spawn_sidecar,
+    stop_all,
+    writes_by,
+)
+from tests.kube.emulator import KubeEmulator
+
+NO_FALLBACK = "the aggregator allows no fallback writes by agents"
+
+
+@pytest.fixture
+async def proxies() -> AsyncIterator[ProxyPool]:
+    pool = ProxyPool()
+    yield pool
+    await pool.stop()
+
+
+@pytest.fixture
+def processes() -> Iterator[list[harness.Process]]:
+    """Processes to stop at teardown (in reverse order)."""
+    running: list[harness.Process] = []
+    yield running
+    stop_all(running)
+
+
+@pytest.mark.parametrize(
+    ("mode", "agent_fallback"),
+    [("condition", "auto"), ("label", "on"), ("both", "on")],
+)
+async def test_a_shadow_aggregator_never_arms_the_agents(
+    kube_emulator: KubeEmulator,
+    kubeconfig_path: Path,
+    proxies: ProxyPool,
+    processes: list[harness.Process],
+    tmp_path: Path,
+    mode: str,
+    agent_fallback: str,
+) -> None:
+    kube = kube_emulator
+    failing, fresh = await proxies.start(2)
+    # One pod in service that starts failing, one new pod that carries nothing yet: an agent
+    # in fallback would write both.
+    pods = [
+        add_pod(kube, "failing", failing, readiness_gates=[GATE], labels={LABEL: "true"}),
+        add_pod(kube, "fresh", fresh, readiness_gates=[GATE]),
+    ]
+    shadow = await asyncio.to_thread(
+        harness.start_aggregator,
+        tmp_path / "shadow",
+        None,
+        [
+            "--kube-backend=kubernetes",
+            f"--kubeconfig={kubeconfig_path}",
+            f"--mode={mode}",
+            f"--agent-fallback={agent_fallback}",
+            "--dry-run=true",
+        ],
+    )
+    processes.append(shadow)
+    # Their own flags would write too: the last aggregator's settings win once received.
+    agents = [
+        spawn_sidecar(
+            tmp_path, shadow.address, proxy, pod, kubeconfig_path, f"--fallback-write={mode}"
+        )
+        for proxy, pod in zip((failing, fresh), pods, strict=True)
+    ]
+    processes += agents
+    for agent in agents:
+        await asyncio.to_thread(harness.wait_connected, agent)
+
+    await asyncio.to_thread(shadow.stop)
+    failing.set(FAILING)
+    await more_probes(fresh, 4 * FALLBACK_AFTER)  # well past --fallback-after
+    await more_probes(failing, 1)
+    if any(FALLBACK_BEGAN.search(agent.log_text()) for agent in agents):
+        # Armed after all: let the writes land (the sidecar loads its Kubernetes client first,
+        # seconds on a busy machine), so that the failure below shows them.
+        with contextlib.suppress(AssertionError):
+            await eventually(lambda: len(writes_by(kube, agent=True)) >= 2, 20)
+
+    assert writes_by(kube, agent=True) == []
+    assert writes_by(kube, agent=False) == []  # and the shadow aggregator wrote nothing
+    for agent in agents:
+        assert NO_FALLBACK in agent.log_text(), agent.tail()
+        assert not FALLBACK_BEGAN.search(agent.log_text()), agent.tail()
+    assert kube.pod_labels("default", "failing")[LABEL] == "true"
+    assert GATE not in kube.pod_conditions("default", "fresh")
