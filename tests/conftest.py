@@ -21,6 +21,9 @@ from tests.fakes import FakeServeProxy
 
 StartAggregator = Callable[..., Awaitable[Aggregator]]
 
+#: Groups and order of the tests on parallel workers.
+pytest_plugins = ["tests.parallel"]
+
 
 class Runs(Protocol):
     async def run(self) -> None: ...

@@ -5,6 +5,13 @@ The aggregator and the agent start once per session, as ``python -m aggregator``
 session's tmp dir (printed by the tests when something fails). Ray starts only for tests that
 ask for ``ray_serve``: the agent does not need a proxy to exist (it then reports NO_PROXY), so
 the gRPC-only tests run without Ray.
+
+Under pytest-xdist (``scripts/test`` runs the suite on parallel workers) the modules that use
+the session's Ray run on one worker, in file order, with one Ray for them all, and the modules of
+Ray in HAProxy mode (a Ray of their own each, in a subprocess) on one worker too, so that no two
+of those Rays start at once: the groups are in tests/parallel.py. Session fixtures are per
+worker; the Rays are package-scoped, so each stops as soon as its worker leaves tests/e2e (an
+idle Ray with Serve costs a tenth of a core for as long as it lives).
 """
 
 from __future__ import annotations
@@ -102,13 +109,13 @@ def ray_ports() -> dict[str, int]:
     return {}
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def ray_dashboard_port(ray_serve: int, ray_ports: dict[str, int]) -> int:
     """The port of the session Ray's dashboard, where the Serve REST API answers."""
     return ray_ports["dashboard"]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def ray_serve(serve_port: int, serve_grpc_port: int, ray_ports: dict[str, int]) -> Iterator[int]:
     """A local Ray instance (its node on 127.0.0.1, its dashboard on ``ray_dashboard_port``)
     with Serve's HTTP proxy on ``127.0.0.1:serve_port`` and its gRPC proxy on
@@ -118,7 +125,7 @@ def ray_serve(serve_port: int, serve_grpc_port: int, ray_ports: dict[str, int]) 
     (``EveryNode``), and what the Serve controller then reports to the dashboard is what
     a cluster whose workers have no proxy by design reports.
 
-    Torn down (Serve, then Ray) at the end of the session, whatever the tests did to Serve.
+    Torn down (Serve, then Ray) when the worker leaves tests/e2e, whatever the tests did to Serve.
     """
     ray_ports["dashboard"] = harness.start_ray(dashboard_port=harness.free_port())
     try:
@@ -134,7 +141,7 @@ def haproxy_binary() -> str:
     return require_haproxy()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def serve_haproxy(haproxy_binary: str, e2e_log_dir: Path) -> Iterator[ray_haproxy.RayHAProxy]:
     """Ray Serve in HAProxy mode (``bench/ray_haproxy.py``) with Debian's haproxy, HTTP only,
     in a subprocess with its own Ray cluster, so the session's Ray (``ray_serve``, in this
