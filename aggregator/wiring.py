@@ -114,13 +114,10 @@ def report_settings(flags: AggregatorFlags) -> ReportSettings:
 
 
 def write_settings(flags: AggregatorFlags) -> pb.WriteSettings:
-    """What this aggregator writes, for agents in fallback (--agent-fallback).
-
-    A shadow aggregator (--dry-run) writes nothing, and so must its agents, whatever
-    --agent-fallback says: its settings forbid their fallback writes (an agent keeps the last
-    aggregator's settings, its own --fallback-write flags included, once it received some).
-    """
+    """What this aggregator writes, for agents in fallback (--agent-fallback); in shadow mode
+    (--dry-run) they may not write (they keep that over their own --fallback-write)."""
     condition = flags.mode in ("condition", "both")
+    allowed = flags.agent_fallback == "on" or (flags.agent_fallback == "auto" and condition)
     return pb.WriteSettings(
         label=flags.mode in ("label", "both"),
         label_key=flags.label_key,
@@ -128,17 +125,7 @@ def write_settings(flags: AggregatorFlags) -> pb.WriteSettings:
         condition_type=flags.condition_type,
         failure_threshold=flags.failure_threshold,
         success_threshold=flags.success_threshold,
-        fallback=agents_may_write(flags),
-    )
-
-
-def agents_may_write(flags: AggregatorFlags) -> bool:
-    """Whether agents may write for their pods when no aggregator answers: never in shadow
-    mode; else as --agent-fallback says (auto: in condition and both modes)."""
-    if flags.dry_run:
-        return False
-    return flags.agent_fallback == "on" or (
-        flags.agent_fallback == "auto" and flags.mode in ("condition", "both")
+        fallback=allowed and not flags.dry_run,
     )
 
 
@@ -341,10 +328,10 @@ def make_shadow(
         log.warning(
             "--dry-run: SHADOW MODE. Every decision is made as usual, but nothing is written "
             "to the Kubernetes API (no label, condition, Event or Lease): pods keep what they "
-            "carry. Its agents are told not to write either when no aggregator answers "
-            "(whatever --agent-fallback says). serve_health_shadow_disagreements and "
-            "GetSummary's would_enter and would_leave count the pods that carry another value "
-            "than the one it would write; would-be writes are logged at debug level"
+            "carry; nor may its agents, even when no aggregator answers. "
+            "serve_health_shadow_disagreements and GetSummary's would_enter and would_leave "
+            "count the pods that carry another value than the one it would write; would-be "
+            "writes are logged at debug level"
         )
     return shadow
 
