@@ -16,37 +16,30 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-ANNOTATION = "ray-serve-health/override"
-OUT_OF_SERVICE = "out-of-service"
-IN_SERVICE = "in-service"
-#: The label value each override wants.
-LABELS = {OUT_OF_SERVICE: "false", IN_SERVICE: "true"}
-VALUES = tuple(LABELS)
+# The annotation as read is shared with the agents, which ignore what the aggregator ignores.
+from servehealth_common.override import (
+    ANNOTATION,
+    IN_SERVICE,
+    LABELS,
+    NONE,
+    OUT_OF_SERVICE,
+    VALUES,
+    Override,
+)
 
-
-@dataclass(frozen=True, slots=True)
-class Override:
-    """A pod's annotation as read: ``value`` when honoured, ``ignored`` the raw text of an
-    annotation that is not one of :data:`VALUES` (None: none, or honoured)."""
-
-    value: str | None = None
-    ignored: str | None = None
-
-    @classmethod
-    def parse(cls, raw: str | None) -> Override:
-        if raw is None:
-            return NONE
-        if raw.strip() in LABELS:
-            return cls(value=raw.strip())
-        return cls(ignored=raw)
-
-    @property
-    def label(self) -> str | None:
-        """The label this override wants (None: none, the pod's health decides)."""
-        return LABELS[self.value] if self.value is not None else None
-
-
-NONE = Override()
+__all__ = [
+    "ANNOTATION",
+    "IN_SERVICE",
+    "LABELS",
+    "NONE",
+    "OUT_OF_SERVICE",
+    "VALUES",
+    "Override",
+    "OverrideChange",
+    "change",
+    "reason",
+    "wanted",
+]
 
 
 def wanted(health: str | None, override: Override) -> str | None:

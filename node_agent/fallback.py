@@ -18,8 +18,9 @@ unexpected answer), or fewer in a row     (fail static; a pod that carries nothi
 
 Like the aggregator's write rule, a pod without the label counts as carrying ``"false"`` and
 one without the condition carries nothing; the condition is written only to pods that declare
-its type in ``spec.readinessGates``. Two more cases are left alone: a pod with the manual
-override annotation (the operator decides, and the aggregator would write the override), and a
+its type in ``spec.readinessGates``. Two more cases are left alone: a pod under a manual
+override (``in-service`` or ``out-of-service``: the operator decides, and the aggregator would
+write the override; another value is ignored, as the aggregator ignores it), and a
 pod whose condition says it has no proxy by design (reason ``NoProxyByDesign``) while it still
 has none (only the aggregator knows where Serve runs no proxy).
 
@@ -204,6 +205,11 @@ class Fallback:
         self._streaks.pop(key, None)
         self._dirty.discard(key)
 
+    def unseen(self, key: PodKey) -> None:
+        """What the pod carries is no longer known (a sidecar stopped watching its pod): no
+        write for it until it is seen again; its probe results stay."""
+        self._pods.pop(key, None)
+
     def facts(self, key: PodKey) -> PodFacts | None:
         return self._pods.get(key)
 
@@ -261,7 +267,7 @@ class Fallback:
 
     def still_wanted(self, write: Write) -> bool:
         """Whether ``write`` may still be sent (asked before each attempt): still in
-        fallback, still the value decided, and the pod still the same."""
+        fallback, still the value decided, and the pod still the same, under no override."""
         facts = self._pods.get(write.key)
         return (
             self.phase is FallbackPhase.FALLBACK
@@ -269,6 +275,7 @@ class Fallback:
             and self._in_flight.get((write.key, write.kind)) == write.value
             and facts is not None
             and facts.uid == write.uid
+            and not facts.overridden
         )
 
     def finished(

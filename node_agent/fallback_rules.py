@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from servehealth_common.override import Override
 from servehealth_common.pod_identity import PodKey
 from servehealth_common.states import ServeState
 
@@ -28,8 +29,6 @@ from servehealth_common.states import ServeState
 DEFAULT_FAILURE_THRESHOLD, DEFAULT_SUCCESS_THRESHOLD = 1, 2
 #: --fallback-write's choices ("": only what an aggregator's settings allow).
 FALLBACK_WRITES = ("", "label", "condition", "both")
-#: The manual override annotation (aggregator/override.py, which the agent may not import).
-OVERRIDE_ANNOTATION = "ray-serve-health/override"
 #: The condition value of a pod with no proxy by design (aggregator/write_rule.py).
 NO_PROXY_BY_DESIGN = "NoProxyByDesign"
 #: Label keys KubeRay (and Kubernetes) rely on for other purposes: never written by an agent.
@@ -168,6 +167,8 @@ class PodFacts:
     #: Condition type -> ``"True"``, ``"False"`` (or :data:`NO_PROXY_BY_DESIGN`).
     conditions: Mapping[str, str] = field(default_factory=dict)
     readiness_gates: frozenset[str] = frozenset()
+    #: Under a manual override the aggregator honours (``in-service``, ``out-of-service``);
+    #: another value is ignored, as the aggregator ignores it.
     overridden: bool = False
     resource_version: str = ""
 
@@ -189,7 +190,7 @@ class PodFacts:
             labels=dict(metadata.get("labels") or {}),
             conditions=conditions,
             readiness_gates=frozenset(str(g.get("conditionType", "")) for g in gates),
-            overridden=OVERRIDE_ANNOTATION in (metadata.get("annotations") or {}),
+            overridden=Override.of(metadata.get("annotations")).value is not None,
             resource_version=str(metadata.get("resourceVersion", "")),
         )
 

@@ -4,7 +4,8 @@
 :class:`FallbackRunner` is told everything the decider needs: the Report stream's ups and downs
 and the aggregator's write settings (it is the stream's
 :class:`~node_agent.stream.StreamListener`), every probe result, and each pod as the agent sees
-it (a DaemonSet agent's watch; a sidecar reads its own pod when fallback begins). Its loop
+it (a DaemonSet agent's watch; a sidecar watches its own pod while fallback lasts, so that a
+manual override added or taken off meanwhile counts). Its loop
 begins fallback when it is due, logs it ("no aggregator for 10s: writing for my 3 pods
 myself") and its end, and hands the decider's writes to the writer.
 
@@ -37,6 +38,8 @@ from servehealth_common.probe import ProbeResult
 
 log = logging.getLogger(__name__)
 
+FALLBACK = FallbackPhase.FALLBACK
+
 
 def rules_from(writes: pb.WriteSettings) -> WriteRules | None:
     """The rules of an aggregator's ``WriteSettings``; None if it allows no fallback."""
@@ -57,7 +60,9 @@ class WriterLike(Protocol):
 
     async def run(self) -> None: ...
 
-    async def read_pod(self, key: PodKey) -> PodFacts | None: ...
+    async def follow_pod(
+        self, key: PodKey, seen: Callable[[PodFacts], None], gone: Callable[[PodKey], None]
+    ) -> None: ...
 
 
 #: Makes the writer when fallback first begins; None if it cannot (it logged why).
@@ -65,8 +70,8 @@ OpenWriter = Callable[[Fallback], Awaitable["WriterLike | None"]]
 
 
 class FallbackRunner:
-    """``await run()`` until cancelled. ``own_pod``: a sidecar's pod, read from the API when
-    fallback begins (a DaemonSet agent's pods come from its watch: :meth:`pod_seen`)."""
+    """``await run()`` until cancelled. ``own_pod``: a sidecar's pod, watched while fallback
+    lasts (a DaemonSet agent's pods come from its own watch: :meth:`pod_seen`)."""
 
     def __init__(
         self,
@@ -84,6 +89,7 @@ class FallbackRunner:
         self._wake = asyncio.Event()
         self._writer: WriterLike | None = None
         self._writer_task: asyncio.Task[None] | None = None
+        self._follow_task: asyncio.Task[None] | None = None  # a sidecar's watch of its pod
         self._said: set[str] = set()  # refusals already logged
         self._told_rules: object = ()  # the rules last logged
         metrics.fallback_clock(core.seconds_in_fallback)
@@ -110,6 +116,7 @@ class FallbackRunner:
 
     def accepted(self) -> None:
         self._log(self.core.stream_up())
+        self._stop_following()
         self._wake.set()
 
     def ended(self) -> None:
@@ -151,10 +158,13 @@ class FallbackRunner:
                     for write in self.core.decide():
                         self._writer.submit(write)
         finally:
-            if self._writer_task is not None:
-                self._writer_task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self._writer_task
+            following = self._follow_task
+            self._stop_following()
+            for task in (following, self._writer_task):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
 
     async def _begin(self, began: FallbackChange) -> None:
         self._log(began)
@@ -163,10 +173,34 @@ class FallbackRunner:
             if self._writer is None:
                 return
             self._writer_task = asyncio.create_task(self._writer.run(), name="fallback writer")
+        own, writer = self._own_pod, self._writer
+        # (Fallback may have ended while the writer was made.)
+        if own is not None and self._follow_task is None and self.core.phase is FALLBACK:
+            self._follow_task = asyncio.create_task(self._follow(writer, own), name="own pod")
+
+    async def _follow(self, writer: WriterLike, key: PodKey) -> None:
+        """A sidecar's pod while fallback lasts (cancelled when it ends)."""
+        try:
+            await writer.follow_pod(key, self._own_pod_seen, self.pod_gone)
+        except Exception:  # a surprise: fallback goes on with what was seen
+            log.exception("%s: following pod %s failed", WHY, key)
+
+    def _own_pod_seen(self, facts: PodFacts) -> None:
+        why = self.core.pod_seen(facts)
+        if why is not None:
+            self._say_once(logging.ERROR, f"{WHY}: not writing: {why}")
+        elif self.core.phase is FallbackPhase.FALLBACK:
+            self._wake.set()
+
+    def _stop_following(self) -> None:
+        """Fallback is over: stop watching the sidecar's pod, and forget what it carried (the
+        next fallback writes only once it has seen the pod afresh)."""
+        if self._follow_task is None:
+            return
+        self._follow_task.cancel()
+        self._follow_task = None
         if self._own_pod is not None:
-            facts = await self._writer.read_pod(self._own_pod)
-            if facts is not None and (why := self.core.pod_seen(facts)) is not None:
-                self._say_once(logging.ERROR, f"{WHY}: not writing: {why}")
+            self.core.unseen(self._own_pod)
 
     def _log(self, transition: FallbackChange | None) -> None:
         if transition is None:

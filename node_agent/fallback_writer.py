@@ -23,6 +23,7 @@ import asyncio
 import datetime
 import logging
 import random
+from collections.abc import Callable
 from typing import Any
 
 from node_agent.fallback import Fallback, FallbackPhase
@@ -32,7 +33,8 @@ from node_agent.sink import MetricsSink
 from servehealth_common import fallback_marks as marks
 from servehealth_common.backoff import Backoff
 from servehealth_common.kube.client import KubeClient, NoKubeConfig
-from servehealth_common.kube.errors import APIError, APINotFoundError
+from servehealth_common.kube.errors import APIError, APIForbiddenError, APINotFoundError
+from servehealth_common.kube.watch import PodWatch
 from servehealth_common.pod_identity import PodKey
 
 log = logging.getLogger(__name__)
@@ -42,6 +44,9 @@ COMPONENT = "ray-serve-health-agent"
 RETRY_BASE, RETRY_CAP = 0.2, 30.0
 #: Writes in flight at most (a DaemonSet agent's node may have many pods).
 WORKERS = 2
+#: How long a sidecar's watch of its pod lasts before it is renewed (one request per sidecar
+#: per this many seconds in fallback: 10,000 sidecars, about 33 requests/s).
+WATCH_TIMEOUT = 300
 #: Values that put a pod in service (an Event of type Normal; the others are Warnings).
 IN_SERVICE = frozenset({"true", "True"})
 
@@ -131,6 +136,42 @@ class FallbackWriter:
         finally:
             if self._owns_client:
                 self.client.close()
+
+    async def follow_pod(
+        self, key: PodKey, seen: Callable[[PodFacts], None], gone: Callable[[PodKey], None]
+    ) -> None:
+        """Until cancelled (a sidecar, while fallback lasts): its pod as listed, then every
+        change of it (a manual override added or taken off, a write of someone else), through
+        a watch of that one pod (field selector ``metadata.name``): one list and one watch,
+        renewed every ``WATCH_TIMEOUT`` seconds. An account that may not list or watch pods
+        (a Role that grants ``get`` only, as the sidecar example did before) reads the pod once
+        instead, and says so."""
+        watch: PodWatch[PodFacts] = PodWatch(
+            self.client,
+            namespaces=(key.namespace,),
+            label_selector="",
+            field_selector=f"metadata.name={key.name}",
+            parse=PodFacts.from_pod,
+            upsert=seen,
+            delete=lambda facts: gone(facts.key),
+            watch_timeout=WATCH_TIMEOUT,
+            fatal=lambda error: isinstance(error, APIForbiddenError),
+        )
+        try:
+            await watch.run()
+        except APIForbiddenError as error:
+            log.error(
+                "%s: cannot watch pod %s (%s): reading it once instead, so a change made to it "
+                "during this fallback (a manual override) is not seen; grant pods list and watch",
+                marks.WHY,
+                key,
+                error,
+            )
+            facts = await self.read_pod(key)
+            if facts is not None:
+                seen(facts)
+        finally:
+            watch.stop()
 
     async def read_pod(self, key: PodKey) -> PodFacts | None:
         """The pod as the API shows it now (a sidecar, when fallback begins), retried like a

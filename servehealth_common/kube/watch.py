@@ -39,7 +39,8 @@ P = TypeVar("P", bound=Keyed)
 class PodWatch(Generic[P]):
     """Pods parsed by ``parse`` go to ``upsert`` (new or changed) and ``delete`` (gone, with
     the last version seen). ``on_restart(reason)`` counts watch restarts: ``ended``, ``gone``
-    (410, re-listed) or ``error``."""
+    (410, re-listed) or ``error``. An error ``fatal`` says is one (e.g. a 403 an agent cannot
+    fix by retrying) ends :meth:`run` with it instead of being retried."""
 
     def __init__(
         self,
@@ -53,6 +54,7 @@ class PodWatch(Generic[P]):
         field_selector: str | None = None,
         on_restart: Callable[[str], None] = lambda reason: None,
         watch_timeout: int = 300,
+        fatal: Callable[[APIError], bool] = lambda error: False,
     ) -> None:
         self._client = client
         self._scopes: tuple[str | None, ...] = namespaces or (None,)
@@ -63,6 +65,7 @@ class PodWatch(Generic[P]):
         self._delete = delete
         self._on_restart = on_restart
         self._watch_timeout = watch_timeout
+        self._fatal = fatal
         self._known: dict[str | None, dict[Hashable, P]] = {scope: {} for scope in self._scopes}
         self._versions: dict[str | None, str] = {}
         self._stopping = threading.Event()
@@ -88,6 +91,8 @@ class PodWatch(Generic[P]):
                     await self._relist(scope, failures.ended())
                     break
                 except APIError as error:
+                    if self._fatal(error):
+                        raise
                     delay = backoff.next()
                     failures.failed(error, delay)
                     await asyncio.sleep(delay)
@@ -140,9 +145,13 @@ class PodWatch(Generic[P]):
                 try:
                     await self._relist(scope)
                 except APIError as error:
+                    if self._fatal(error):
+                        raise
                     log.warning("re-list failed: %s", error)
                     await asyncio.sleep(backoff.next())
             except APIError as error:
+                if self._fatal(error):
+                    raise
                 self._on_restart("error")
                 delay = backoff.next()
                 log.warning("pod watch failed: %s (resuming in %.1fs)", error, delay)

@@ -128,9 +128,10 @@ def test_in_the_namespaced_overlay_the_agents_write_in_the_ray_namespaces_only()
 
 
 def test_the_sidecar_example_grants_its_pods_the_sidecars_fallback() -> None:
-    """The Ray pods' own account may read its pod when fallback begins, write the condition
-    and record Events, in its namespace (a Role): the label's pods patch is left for you to add
-    in label mode (a comment says where)."""
+    """The Ray pods' own account may watch its pod while fallback lasts (list and watch, a
+    get when the list is refused), write the condition and record Events, in its namespace (a
+    Role): the label's pods patch is left for you to add in label mode (a comment says
+    where)."""
     objects = render("deploy/examples/rayservice-sidecar")
     account = find(objects, "ServiceAccount")["metadata"]["name"]
     role = find(objects, "Role")
@@ -141,5 +142,5 @@ def test_the_sidecar_example_grants_its_pods_the_sidecars_fallback() -> None:
         "name": role["metadata"]["name"],
     }
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account}]
-    assert rules_of(role) == CALLS["get_pod"] | CONDITION_WRITE | EVENTS
+    assert rules_of(role) == CALLS["get_pod"] | AGENT_READS | CONDITION_WRITE | EVENTS
     assert not [o for o in objects if o["kind"] in {"ClusterRole", "ClusterRoleBinding"}]

@@ -6,6 +6,10 @@ are told from the aggregator's by their User-Agent.
 - A shadow aggregator (``--dry-run``) never arms the agents (bug 3): it tells them that agents
   may not write, whatever its ``--agent-fallback`` says, and an agent that learned so writes
   nothing when it is gone, not even what its own ``--fallback-write`` says.
+- A sidecar in fallback sees its pod's manual override change (bug 2): an ``in-service``
+  override added during the outage keeps a failing pod in service, and the agent writes again
+  once it is removed; an override value the aggregator ignores (``maintenance``) is ignored by
+  the agent too: a failing pod leaves service.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import pytest
 
 from bench import harness
 from tests.conftest import eventually
+from tests.fakes import refused_port
 from tests.kube.agent_processes import (
     FAILING,
     FALLBACK_AFTER,
@@ -27,6 +32,8 @@ from tests.kube.agent_processes import (
     LABEL,
     ProxyPool,
     add_pod,
+    by_agent,
+    condition,
     more_probes,
     spawn_sidecar,
     stop_all,
@@ -114,3 +121,90 @@ async def test_a_shadow_aggregator_never_arms_the_agents(
         assert not FALLBACK_BEGAN.search(agent.log_text()), agent.tail()
     assert kube.pod_labels("default", "failing")[LABEL] == "true"
     assert GATE not in kube.pod_conditions("default", "fresh")
+
+
+OVERRIDE = "ray-serve-health/override"
+READY = [{"type": "Ready", "status": "True"}, {"type": GATE, "status": "True"}]
+
+
+def annotate(kube: KubeEmulator, name: str, value: str | None) -> None:
+    kube.modify_pod("default", name, patch={"metadata": {"annotations": {OVERRIDE: value}}})
+
+
+def condition_patches(kube: KubeEmulator, name: str) -> list[str]:
+    """The condition statuses agents PATCHed on the pod, in order."""
+    return [
+        condition["status"]
+        for call in kube.requests("PATCH", resource="pods", subresource="status", name=name)
+        if by_agent(call)
+        for condition in (call.body or {}).get("status", {}).get("conditions", [])
+        if condition.get("type") == GATE
+    ]
+
+
+def read_by_agent(kube: KubeEmulator, name: str) -> bool:
+    """Whether an agent has read the pod (a GET, or a list of it)."""
+    return any(
+        by_agent(call) and call.verb in ("get", "list")
+        for call in kube.requests("GET", resource="pods", subresource=None)
+        if call.name == name or name in call.params.get("fieldSelector", "")
+    )
+
+
+async def test_an_override_added_during_the_outage_is_honoured(
+    kube_emulator: KubeEmulator,
+    kubeconfig_path: Path,
+    proxies: ProxyPool,
+    processes: list[harness.Process],
+    tmp_path: Path,
+) -> None:
+    kube = kube_emulator
+    [proxy] = await proxies.start(1)
+    pod = add_pod(kube, "worker", proxy, readiness_gates=[GATE], conditions=READY)
+    nowhere = f"127.0.0.1:{refused_port()}"  # no aggregator answers there
+    agent = spawn_sidecar(
+        tmp_path, nowhere, proxy, pod, kubeconfig_path, "--fallback-write=condition"
+    )
+    processes.append(agent)
+    await eventually(lambda: FALLBACK_BEGAN.search(agent.log_text()), 15)
+    await eventually(lambda: read_by_agent(kube, "worker"), 15)  # it has read its pod
+
+    annotate(kube, "worker", "in-service")  # the operator, during the outage
+    await more_probes(proxy, 1)
+    proxy.set(FAILING)
+    await more_probes(proxy, 3)  # the agent would have written False within a probe or two
+    assert condition_patches(kube, "worker") == [], agent.tail()
+    assert condition(kube, "worker") == "True"
+
+    annotate(kube, "worker", None)  # the override taken off: its health decides again
+    await eventually(lambda: condition(kube, "worker") == "False", 10)
+    assert condition_patches(kube, "worker") == ["False"]
+
+
+async def test_an_override_value_the_aggregator_ignores_is_ignored(
+    kube_emulator: KubeEmulator,
+    kubeconfig_path: Path,
+    proxies: ProxyPool,
+    processes: list[harness.Process],
+    tmp_path: Path,
+) -> None:
+    kube = kube_emulator
+    [proxy] = await proxies.start(1)
+    pod = add_pod(
+        kube,
+        "worker",
+        proxy,
+        readiness_gates=[GATE],
+        conditions=READY,
+        annotations={OVERRIDE: "maintenance"},
+    )
+    proxy.set(FAILING)
+    nowhere = f"127.0.0.1:{refused_port()}"  # no aggregator answers there
+    agent = spawn_sidecar(
+        tmp_path, nowhere, proxy, pod, kubeconfig_path, "--fallback-write=condition"
+    )
+    processes.append(agent)
+    await eventually(lambda: FALLBACK_BEGAN.search(agent.log_text()), 15)
+    with contextlib.suppress(AssertionError):  # shown by the assertion below if it never comes
+        await eventually(lambda: condition(kube, "worker") == "False", 10)
+    assert condition_patches(kube, "worker") == ["False"], agent.tail()
