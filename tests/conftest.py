@@ -21,8 +21,8 @@ from tests.fakes import FakeServeProxy
 
 StartAggregator = Callable[..., Awaitable[Aggregator]]
 
-#: Groups and order of the tests on parallel workers.
-pytest_plugins = ["tests.parallel"]
+#: Groups and order of the tests on parallel workers; the mark of tests that start processes.
+pytest_plugins = ["tests.parallel", "tests.markers"]
 
 
 class Runs(Protocol):
