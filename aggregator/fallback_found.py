@@ -3,7 +3,11 @@
 Agents in fallback (``node_agent``, ``--fallback-after``) mark what they write
 (:mod:`servehealth_common.fallback_marks`). A replica that takes the Lease over counts, once
 its first pod list is in, the pods whose mark is newer than the previous leader's last renewal
-of the Lease (when an aggregator was last alive; any mark when there was no Lease). It writes
+of the Lease (when an aggregator was last alive), compared at the mark's resolution
+(:func:`~servehealth_common.fallback_marks.written_after`). Without a Lease (no
+``--leader-elect``) it counts the marks still standing: the aggregator removes the annotation
+when it next writes the label (:mod:`aggregator.kube.writer`), and its own condition replaces
+the agents' reason, so a mark stands only while an agent's write is the pod's latest. It writes
 nothing for them: an agent wrote what the aggregator wants, and the pods were seeded from it.
 """
 

@@ -218,7 +218,8 @@ class Metrics:
         self.agent_fallback_pods = Gauge(
             f"{PREFIX}_agent_fallback_pods",
             "Pods that agents in fallback wrote (no aggregator answered them) since the previous "
-            "leader's last Lease renewal, found when this replica took over.",
+            "leader's last Lease renewal, found when this replica took over (without "
+            "--leader-elect, at start: the agents' marks still standing).",
             registry=r,
         )
         self.panic = Gauge(

@@ -200,10 +200,14 @@ class Fallback:
         return None
 
     def pod_gone(self, key: PodKey) -> None:
-        """The pod is gone, or no longer probed: forget it and its probe results."""
+        """The pod is gone, or no longer probed: forget it, its probe results and its writes
+        (a write in flight is then no longer wanted: :meth:`still_wanted`)."""
         self._pods.pop(key, None)
         self._streaks.pop(key, None)
         self._dirty.discard(key)
+        for kind in Kind:
+            self._in_flight.pop((key, kind), None)
+            self._given_up.pop((key, kind), None)
 
     def unseen(self, key: PodKey) -> None:
         """What the pod carries is no longer known (a sidecar stopped watching its pod): no

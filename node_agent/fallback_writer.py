@@ -2,7 +2,7 @@
 an agent's write (:mod:`servehealth_common.fallback_marks`), an Event each, one log line each.
 
 - label: a JSON merge patch of ``metadata.labels[<key>]`` and the annotation
-  ``ray-serve-health/fallback-write: <RFC 3339 time> <agent>``;
+  ``ray-serve-health/fallback-write: <RFC 3339 time, with microseconds> <agent>``;
 - condition: a strategic merge patch of ``pods/status`` with the condition (type, status,
   reason ``NoAggregator``, a message naming the agent, lastTransitionTime now);
 - then an Event on the pod (reason ``NoAggregator``; Normal into service, Warning out of it).
@@ -51,17 +51,24 @@ WATCH_TIMEOUT = 300
 IN_SERVICE = frozenset({"true", "True"})
 
 
-def rfc3339_now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+def utc_now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
 
 
-def write_body(write: Write, who: str, now: str) -> dict[str, Any]:
-    """The patch of ``write``: a label with its annotation, or a condition."""
+def rfc3339(when: datetime.datetime) -> str:
+    """Whole seconds, as the API keeps a condition's and an Event's times."""
+    return when.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def write_body(write: Write, who: str, when: datetime.datetime) -> dict[str, Any]:
+    """The patch of ``write``: a label with its annotation (its time with microseconds, as a
+    Lease's renewal, which an aggregator taking over compares it with), or a condition."""
     if write.kind is Kind.LABEL:
+        mark = marks.annotation_value(marks.micro_time(when), who)
         return {
             "metadata": {
                 "labels": {write.name: write.value},
-                "annotations": {marks.ANNOTATION: marks.annotation_value(now, who)},
+                "annotations": {marks.ANNOTATION: mark},
             }
         }
     condition = {
@@ -71,12 +78,12 @@ def write_body(write: Write, who: str, now: str) -> dict[str, Any]:
         "message": f"{marks.WHY}: written by the agent {who} ({write.state.name}: {write.reason})"[
             :512
         ],
-        "lastTransitionTime": now,
+        "lastTransitionTime": rfc3339(when),
     }
     return {"status": {"conditions": [condition]}}
 
 
-def event_body(write: Write, who: str, now: str) -> dict[str, Any]:
+def event_body(write: Write, who: str, when: datetime.datetime) -> dict[str, Any]:
     key = write.key
     message = (
         f"{marks.WHY}: the agent {who} wrote {write.kind.value} {write.name}={write.value} "
@@ -97,8 +104,8 @@ def event_body(write: Write, who: str, now: str) -> dict[str, Any]:
         "source": {"component": COMPONENT},
         "reportingComponent": COMPONENT,
         "reportingInstance": who[:128],
-        "firstTimestamp": now,
-        "lastTimestamp": now,
+        "firstTimestamp": rfc3339(when),
+        "lastTimestamp": rfc3339(when),
         "count": 1,
     }
 
@@ -174,7 +181,7 @@ class FallbackWriter:
             watch.stop()
 
     async def read_pod(self, key: PodKey) -> PodFacts | None:
-        """The pod as the API shows it now (a sidecar, when fallback begins), retried like a
+        """The pod as the API shows it now (a sidecar that may not watch it), retried like a
         write while fallback lasts; None if it is gone, cannot be read, or fallback ended."""
         backoff, trouble, attempts = self._backoff(), "", 0
         while self._core.phase is FallbackPhase.FALLBACK:
@@ -225,7 +232,7 @@ class FallbackWriter:
                 self._metrics.fallback_write(write.kind.value, "dropped")
                 log.debug("%s: %s not sent: no longer wanted", marks.WHY, write)
                 return
-            now = rfc3339_now()
+            now = utc_now()
             try:
                 answer = await self._send(write, now)
             except APINotFoundError:
@@ -279,13 +286,13 @@ class FallbackWriter:
             await self._event(write, now)
             return
 
-    async def _send(self, write: Write, now: str) -> dict[str, Any]:
+    async def _send(self, write: Write, now: datetime.datetime) -> dict[str, Any]:
         body = write_body(write, self._who, now)
         if write.kind is Kind.LABEL:
             return await self.client.patch_pod(write.key, body)
         return await self.client.patch_pod_status(write.key, body)
 
-    async def _event(self, write: Write, now: str) -> None:
+    async def _event(self, write: Write, now: datetime.datetime) -> None:
         """The write's Event (best effort: one try; failures logged when they start or
         change)."""
         try:

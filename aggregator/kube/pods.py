@@ -33,6 +33,9 @@ class KubePod:
     override: Override = NONE
     #: When an agent in fallback last wrote it (servehealth_common.fallback_marks), or None.
     fallback_mark: datetime.datetime | None = None
+    #: Whether it carries the annotation of an agent's label write (removed with the label's
+    #: next write by the aggregator).
+    fallback_annotated: bool = False
 
     @property
     def key(self) -> PodKey:
@@ -74,6 +77,7 @@ def parse_pod(pod: dict[str, Any], default_port: int) -> KubePod:
         dashboard_port=named_port(pod, DASHBOARD_PORT_NAME, 0),
         override=Override.parse((metadata.get("annotations") or {}).get(ANNOTATION)),
         fallback_mark=fallback_mark(pod),
+        fallback_annotated=fallback_marks.ANNOTATION in (metadata.get("annotations") or {}),
     )
 
 

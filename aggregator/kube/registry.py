@@ -34,6 +34,7 @@ from aggregator.serve_view_poller import (
 from aggregator.shadow import Target, WouldBeWrites
 from aggregator.tracker import StateChange
 from aggregator.write_rule import NO_PROXY_BY_DESIGN, WriteKind, condition_status
+from servehealth_common import fallback_marks
 from servehealth_common.pod_identity import PodInfo, PodKey
 from servehealth_common.states import ServeState
 
@@ -218,11 +219,12 @@ class KubeRegistry(PodRegistry):
 
     def changed_by_agents(self, since: datetime.datetime | None) -> int:
         """Pods whose fallback mark (an agent wrote them: servehealth_common.fallback_marks)
-        is newer than ``since`` (None: any mark)."""
+        is newer than ``since`` (None: any mark), compared at the mark's resolution."""
         return sum(
             1
             for pod in self._pods.values()
-            if pod.fallback_mark is not None and (since is None or pod.fallback_mark > since)
+            if pod.fallback_mark is not None
+            and (since is None or fallback_marks.written_after(pod.fallback_mark, since))
         )
 
     def targets(self, key: PodKey, wanted: str) -> list[Target]:
@@ -356,6 +358,10 @@ class KubeRegistry(PodRegistry):
         if kind is WriteKind.LABEL:
             return pod.labels.get(self.settings.label_key)
         return pod.conditions.get(self.settings.condition_type)
+
+    def marked(self, key: PodKey) -> bool:
+        pod = self._pods.get(key)
+        return pod is not None and pod.fallback_annotated
 
     def written(self, key: PodKey, kind: WriteKind, value: str, body: dict[str, Any]) -> None:
         pod = self._pods.get(key)

@@ -28,6 +28,7 @@ from aiolimiter import AsyncLimiter
 from aggregator.kube.api import KubeApi
 from aggregator.metrics import Metrics
 from aggregator.write_rule import WriteKind, condition_fields, write_needed
+from servehealth_common import fallback_marks
 from servehealth_common.kube.errors import APIConflictError, APIError, APINotFoundError
 from servehealth_common.pod_identity import PodKey
 
@@ -54,6 +55,9 @@ class PodCopies(Protocol):
 
     def carried(self, key: PodKey, kind: WriteKind) -> str | None:
         """What the pod carries now for ``kind`` (None: absent)."""
+
+    def marked(self, key: PodKey) -> bool:
+        """Whether the pod carries the annotation of an agent's fallback write of the label."""
 
     def written(self, key: PodKey, kind: WriteKind, value: str, body: dict[str, Any]) -> None:
         """A write of ``value`` succeeded; ``body`` is the API's answer (the pod as written)."""
@@ -219,11 +223,18 @@ class Writer:
                 self._metrics.write_delay.labels(kind.value).observe(time.monotonic() - since)
         return None
 
+    def _label_body(self, key: PodKey, value: str) -> dict[str, Any]:
+        """The label; and, if an agent in fallback wrote it last, the removal of its mark (the
+        annotation): it is no longer the agent's write, and is not counted again at the next
+        take-over or restart."""
+        metadata: dict[str, Any] = {"labels": {self.settings.label_key: value}}
+        if self._pods.marked(key):
+            metadata["annotations"] = {fallback_marks.ANNOTATION: None}
+        return {"metadata": metadata}
+
     async def _send(self, key: PodKey, kind: WriteKind, value: str, message: str) -> dict[str, Any]:
         if kind is WriteKind.LABEL:
-            return await self._api.patch_pod(
-                key, {"metadata": {"labels": {self.settings.label_key: value}}}
-            )
+            return await self._api.patch_pod(key, self._label_body(key, value))
         now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         status, reason = condition_fields(value)
         condition = {
