@@ -36,10 +36,12 @@ async def fleet(
     proxies: Sequence[FakeServeProxy],
     uids: Sequence[str],
     agents: int,
+    agent_args: Sequence[str] = (),
 ) -> AsyncIterator[Fleet]:
     """The aggregator (``aggregator_args``; logs in ``tmp_path``), then an agent for each of
-    pods ``pod-0`` .. ``pod-{agents - 1}`` (namespace default, node node-1) probing its proxy;
-    every process stopped on exit, the agents first."""
+    pods ``pod-0`` .. ``pod-{agents - 1}`` (namespace default, node node-1) probing its proxy
+    (``agent_args`` after the harness's own flags: they win); every process stopped on exit,
+    the agents first."""
     processes: list[harness.Process] = []
     try:
         aggregator = await asyncio.to_thread(
@@ -56,6 +58,7 @@ async def fleet(
                     proxies[i].port,
                     identity,
                     name=f"agent-{i}",
+                    extra_args=list(agent_args),
                 )
             )
         yield Fleet(aggregator, processes)
