@@ -2,12 +2,15 @@
 in front): it tries them in turn, moves on at once from a dead address or a standby (which
 refuses streams with UNAVAILABLE), backs off only after a whole round failed, and follows the
 leader when it goes away. Real gRPC servers on 127.0.0.1, a real fake proxy, real time but no
-waiting for backoffs (``--reconnect-max`` is long so that a backoff would show)."""
+waiting for backoffs. "At once" is read from what the agent did, not from a stopwatch: no
+backoff was logged ("reconnecting in"), and a standby was asked once; a wait for the dead
+address's connect timeout (made longer than any wait here) would fail the test."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 
 import grpc
@@ -26,6 +29,12 @@ from tests.fakes import FakeServeProxy, refused_port
 
 IDENTITY = SidecarPod("ns", "pod-a", "uid-1", "node-1")
 KEY = PodKey("ns", "pod-a")
+#: How long a test waits for the agent: only a hang (or a wait for CONNECT_TIMEOUT) takes this.
+WAIT = 30.0
+#: Longer than WAIT: an agent that waited for a dead address's connect timeout fails the test.
+CONNECT_TIMEOUT = 60.0
+#: What the stream logs (debug) before each backoff.
+BACKOFF = "reconnecting in"
 
 
 class Standby(pb_grpc.ReportServiceServicer):
@@ -57,7 +66,8 @@ async def agent_for(proxy: FakeServeProxy, aggregator: str) -> AsyncIterator[Age
             aggregator=aggregator,
             proxy_url=proxy.url,
             token_file="",
-            reconnect_max=30.0,  # a backoff (up to 0.2 s at first, then more) would show
+            connect_timeout=CONNECT_TIMEOUT,
+            reconnect_max=30.0,
         )
         agent = Agent(settings, IDENTITY, Prober(session, settings.probe_timeout))
         async with running(agent):
@@ -72,52 +82,75 @@ def test_the_addresses_are_split_at_commas() -> None:
         AgentFlags(aggregator="127.0.0.1:1,,127.0.0.2:2")
 
 
+def backoffs(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The backoffs the agent's stream logged ("reconnecting in 0.13s")."""
+    return [
+        record.getMessage()
+        for record in caplog.records
+        if record.name == "node_agent.stream" and record.getMessage().startswith(BACKOFF)
+    ]
+
+
 async def test_a_dead_address_and_a_standby_are_skipped_at_once(
-    start_aggregator: StartAggregator, fake_proxy: FakeServeProxy, standby: tuple[Standby, int]
+    start_aggregator: StartAggregator,
+    fake_proxy: FakeServeProxy,
+    standby: tuple[Standby, int],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.DEBUG, logger="node_agent.stream")
     servicer, standby_port = standby
     leader = await start_aggregator()
     addresses = f"127.0.0.1:{refused_port()},127.0.0.1:{standby_port},127.0.0.1:{leader.port}"
     loop = asyncio.get_running_loop()
     started = loop.time()
     async with agent_for(fake_proxy, addresses) as agent:
-        await asyncio.wait_for(agent.stream.connected.wait(), 10)
+        # Not the dead address's connect timeout (longer than this wait).
+        await asyncio.wait_for(agent.stream.connected.wait(), WAIT)
         took = loop.time() - started
         assert agent.stream.address == f"127.0.0.1:{leader.port}"
+        # One round: the standby was asked once, and no backoff came before the leader.
         assert servicer.streams == 1
-        # No connect timeout for the dead address (5 s), no backoff: one round, at once.
-        assert took < 1.5
-        await eventually(lambda: leader.core.pod(KEY) is not None)
+        assert backoffs(caplog) == []
+        print(f"connected to the third address {took:.3f}s after the start")
+        await eventually(lambda: leader.core.pod(KEY) is not None, WAIT)
 
 
 async def test_the_agent_follows_the_leader_to_the_other_address(
-    start_aggregator: StartAggregator, fake_proxy: FakeServeProxy
+    start_aggregator: StartAggregator,
+    fake_proxy: FakeServeProxy,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.DEBUG, logger="node_agent.stream")
     first: Aggregator = await start_aggregator()
     second: Aggregator = await start_aggregator()
     addresses = f"127.0.0.1:{first.port},127.0.0.1:{second.port}"
     async with agent_for(fake_proxy, addresses) as agent:
-        await asyncio.wait_for(agent.stream.connected.wait(), 10)
+        await asyncio.wait_for(agent.stream.connected.wait(), WAIT)
         assert agent.stream.address == f"127.0.0.1:{first.port}"
-        await eventually(lambda: first.core.agents_connected == 1)
+        await eventually(lambda: first.core.agents_connected == 1, WAIT)
         loop = asyncio.get_running_loop()
         stopped = loop.time()
         await first.stop()  # drains: the stream ends with UNAVAILABLE
-        await eventually(lambda: second.core.agents_connected == 1, timeout=5)
-        assert loop.time() - stopped < 1.5  # the next address at once, no backoff
+        await eventually(lambda: second.core.agents_connected == 1, WAIT)
+        print(f"on the second address {loop.time() - stopped:.3f}s after the first stopped")
+        # The next address at once: no backoff in between.
+        assert backoffs(caplog) == []
         assert agent.stream.address == f"127.0.0.1:{second.port}"
-        record = await eventually(lambda: second.core.pod(KEY))
+        record = await eventually(lambda: second.core.pod(KEY), WAIT)
         assert record.agent is not None
 
 
 async def test_a_whole_round_of_refusals_backs_off_then_retries(
-    fake_proxy: FakeServeProxy, standby: tuple[Standby, int]
+    fake_proxy: FakeServeProxy, standby: tuple[Standby, int], caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.DEBUG, logger="node_agent.stream")
     servicer, port = standby
     addresses = f"127.0.0.1:{refused_port()},127.0.0.1:{port}"
     async with agent_for(fake_proxy, addresses) as agent:
-        await asyncio.sleep(1.0)
+        # Rounds keep coming (backoffs of at most 0.2 s, then 0.4 s, ...).
+        await eventually(lambda: servicer.streams >= 3, WAIT)
         assert not agent.stream.connected.is_set()
-    # Rounds keep coming (backoffs of at most 0.2 s, then 0.4 s: three rounds in 0.6 s), but
-    # not in a busy loop: each round waits for the growing backoff.
-    assert 3 <= servicer.streams <= 20
+        rounds, waits = servicer.streams, len(backoffs(caplog))  # read together: no await
+    # Not in a busy loop: one backoff after each whole round (the dead address, then the
+    # standby), none in between (the one after the last round may be logged already).
+    assert rounds - 1 <= waits <= rounds

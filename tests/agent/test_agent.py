@@ -53,6 +53,10 @@ IDENTITY_ENV = {
 IDENTITY = SidecarPod("ns", "pod-a", "uid-1", "node-1")
 KEY = PodKey("ns", "pod-a")
 CONFIRM_DELAY = 0.2
+#: uvloop's timers fire on a 1 ms clock: a wait may end up to 1 ms early.
+TIMER_RESOLUTION = 0.001
+#: How long a test waits for the agent or the aggregator: only a hang takes this long.
+WAIT = 30.0
 
 MakeAgent = Callable[..., Agent]
 
@@ -187,6 +191,7 @@ async def test_probe_once_confirms_a_new_failure(
     try:
         probe = make_agent(proxy.url).probe
         probe.latest = None if latest is None else result(latest)
+        started = asyncio.get_running_loop().time()
         confirmed = await probe.probe_once()
     finally:
         await proxy.stop()
@@ -194,26 +199,42 @@ async def test_probe_once_confirms_a_new_failure(
     assert proxy.requests == requests
     if requests == 2:
         first, second = proxy.times
-        # The confirmation starts CONFIRM_DELAY after the first probe started (at once if the
-        # first is still unanswered then): arrivals at the server are about that far apart.
-        assert CONFIRM_DELAY / 2 <= second - first < CONFIRM_DELAY + 2.0
+        # The confirmation starts CONFIRM_DELAY after the first probe's answer (or after the
+        # first started, if it is still unanswered then): never sooner than CONFIRM_DELAY after
+        # probe_once began. (How far apart the two arrive on a loaded machine is a figure.)
+        assert first < second
+        assert second - started >= CONFIRM_DELAY - TIMER_RESOLUTION
     # probe_once only probes; the probe loop is what updates ``latest``.
     assert probe.latest == (None if latest is None else result(latest))
 
 
-async def test_probe_once_confirms_a_refused_connection(make_agent: MakeAgent) -> None:
+async def test_probe_once_confirms_a_refused_connection(
+    make_agent: MakeAgent, monkeypatch: pytest.MonkeyPatch
+) -> None:
     probe = make_agent(f"http://127.0.0.1:{refused_port()}/-/healthz").probe
+    # Nothing listens, so nothing on the other end counts the probes: the prober's probes that
+    # ran to their end are counted here (a hedge cancelled unused is not).
+    prober = probe._prober
+    ended: list[ServeState] = []
+    real = prober._probe_in_turn
+
+    async def counted(*args: Any) -> ProbeResult:
+        result = await real(*args)
+        ended.append(result.state)
+        return result
+
+    monkeypatch.setattr(prober, "_probe_in_turn", counted)
     loop = asyncio.get_running_loop()
     started = loop.time()
     confirmed = await probe.probe_once()
     assert confirmed.state is ServeState.NO_PROXY
     # Two probes, confirm_delay apart (uvloop's clock has 1 ms steps: 0.2 may read 0.19999).
-    assert loop.time() - started >= CONFIRM_DELAY - 0.001
+    assert ended == [ServeState.NO_PROXY] * 2
+    assert loop.time() - started >= CONFIRM_DELAY - TIMER_RESOLUTION
 
     probe.latest = confirmed
-    started = loop.time()
     assert (await probe.probe_once()).state is ServeState.NO_PROXY
-    assert loop.time() - started < CONFIRM_DELAY  # already reported: not confirmed again
+    assert ended == [ServeState.NO_PROXY] * 3  # already reported: not confirmed again
 
 
 async def test_probe_loop_sets_latest_and_signals_changes(
@@ -225,18 +246,18 @@ async def test_probe_loop_sets_latest_and_signals_changes(
     changed = agent.stream.outbox.changed
     task = asyncio.create_task(agent.probe_forever())
     try:
-        await asyncio.wait_for(changed.wait(), 5)
+        await asyncio.wait_for(changed.wait(), WAIT)
         assert probe.latest is not None
         assert probe.latest.state is ServeState.SERVING
         changed.clear()
         fake_proxy.set(fakes.DRAINING)
-        await asyncio.wait_for(changed.wait(), 5)
+        await asyncio.wait_for(changed.wait(), WAIT)
         assert probe.latest.state is ServeState.DRAINING
         assert probe.latest.reason == "This node is being drained."
         changed.clear()
         requests = fake_proxy.requests
         # Unchanged results keep ``latest`` fresh without signalling a change.
-        await eventually(lambda: fake_proxy.requests >= requests + 3)
+        await eventually(lambda: fake_proxy.requests >= requests + 3, WAIT)
         assert not changed.is_set()
     finally:
         task.cancel()
@@ -365,7 +386,7 @@ async def test_cli_never_exits_while_the_aggregator_is_away(fake_proxy: FakeServ
                 reconnects += "reconnecting in" in line
         assert process.returncode is None, "".join(lines)
         # While disconnected it keeps probing its proxy.
-        await eventually(lambda: fake_proxy.requests > 0)
+        await eventually(lambda: fake_proxy.requests > 0, WAIT)
         process.send_signal(signal.SIGTERM)
         async with asyncio.timeout(30):
             _, rest = await process.communicate()
@@ -396,17 +417,17 @@ async def test_aggregator_settings_set_the_resync_interval(
     assert stream.full_send_interval == 0.75  # --interval (default) until the aggregator speaks
     assert not stream.on_change
     async with running(agent):
-        await asyncio.wait_for(stream.connected.wait(), 10)
+        await asyncio.wait_for(stream.connected.wait(), WAIT)
         # An aggregator of this version wants changes, a resync at its interval (a small
         # fleet: no stretching), and as many reports per change as its largest threshold.
         assert stream.on_change
         assert stream.full_send_interval == pytest.approx(7.0)
         assert agent.stream.outbox.reports_per_change == 3
         assert agent.stream.outbox.reports_per_failure == 1
-        record = await eventually(tracked(aggregator))
+        record = await eventually(tracked(aggregator), WAIT)
         assert record.uid == "uid-1"
         assert record.node_name == "node-1"
-        await eventually(lambda: record.state is ServeState.SERVING)
+        await eventually(lambda: record.state is ServeState.SERVING, WAIT)
         assert record.agent is not None
 
 
@@ -427,25 +448,28 @@ async def test_state_change_is_reported_at_once_and_nothing_while_steady(
     )
     loop = asyncio.get_running_loop()
     async with running(agent):
-        record = await eventually(tracked(aggregator), timeout=10)
-        await eventually(lambda: record.state is ServeState.SERVING, timeout=10)
+        record = await eventually(tracked(aggregator), timeout=WAIT)
+        await eventually(lambda: record.state is ServeState.SERVING, timeout=WAIT)
         # The change, then its confirmation (--success-threshold 2), then nothing: the open
         # stream keeps the pod alive past the heartbeat TTL, with no report at all. (Five
         # probes later, the confirmation is in, whether it was owed or not.)
         probed = fake_proxy.requests
-        await eventually(lambda: fake_proxy.requests >= probed + 10, timeout=10)
+        await eventually(lambda: fake_proxy.requests >= probed + 10, timeout=WAIT)
         last_report = record.observed_at
-        await eventually(lambda: loop.time() - (last_report or 0) > 2 * ttl, timeout=10)
+        await eventually(lambda: loop.time() - (last_report or 0) > 2 * ttl, timeout=WAIT)
         assert record.observed_at == last_report
         assert record.state is ServeState.SERVING
         assert aggregator.core.agent_speaks(record, aggregator.core.now())
         fake_proxy.set(fakes.DRAINING)
         flipped = loop.time()
-        await eventually(lambda: record.state is ServeState.DRAINING, timeout=0.8)
+        # At once: with the change, not with the next resync (30 s away). How soon is a figure.
+        resync = AggregatorFlags().resync_interval
+        await eventually(lambda: record.state is ServeState.DRAINING, timeout=resync / 2)
         assert record.reason == "This node is being drained."
         assert record.http_status == 503
         # The tracker's clock is time.monotonic, as is the loop's.
-        assert record.state_since - flipped < 0.8
+        print(f"DRAINING {record.state_since - flipped:.3f}s after the proxy said so")
+        assert record.state_since - flipped < resync / 2
 
 
 async def test_resyncs_keep_observed_at_fresh(
@@ -455,8 +479,8 @@ async def test_resyncs_keep_observed_at_fresh(
     aggregator = await start_aggregator(kube_backend="memory", resync_interval=resync)
     agent = make_agent(fake_proxy.url, aggregator=f"127.0.0.1:{aggregator.port}")
     async with running(agent):
-        record = await eventually(tracked(aggregator), timeout=10)
-        await eventually(lambda: record.state is ServeState.SERVING, timeout=10)
+        record = await eventually(tracked(aggregator), timeout=WAIT)
+        await eventually(lambda: record.state is ServeState.SERVING, timeout=WAIT)
         serving_since = record.state_since
         seen: list[float] = []
 
@@ -465,9 +489,13 @@ async def test_resyncs_keep_observed_at_fresh(
                 seen.append(record.observed_at)
             return len(seen) >= 8
 
-        await eventually(fresh_reports, timeout=10)
+        await eventually(fresh_reports, timeout=WAIT)
+        assert agent.stream.full_send_interval == resync  # the interval asked for
     gaps = [later - earlier for earlier, later in itertools.pairwise(seen)]
-    assert max(gaps) < resync + 0.2  # resyncs at the asked interval (jittered only shorter)
+    # Resyncs at the asked interval, not the default 30 s (how regular they are on a loaded
+    # machine is a figure).
+    print(f"resync gaps: {min(gaps):.3f}s to {max(gaps):.3f}s (asked {resync}s)")
+    assert max(gaps) < AggregatorFlags().resync_interval / 2
     assert record.state is ServeState.SERVING
     assert record.state_since == serving_since
 
@@ -484,9 +512,9 @@ async def test_agent_reconnects_and_resends_its_state(
         reconnect_max=0.5,
     )
     async with running(agent):
-        await eventually(lambda: (r := first.core.pod(KEY)) and r.state is ServeState.SERVING)
+        await eventually(lambda: (r := first.core.pod(KEY)) and r.state is ServeState.SERVING, WAIT)
         await first.stop()
-        await eventually(lambda: not agent.stream.connected.is_set())
+        await eventually(lambda: not agent.stream.connected.is_set(), WAIT)
         # A new aggregator on the same address, with resyncs far apart: the agent's first
         # report on the new stream must come at once, not with a resync.
         second = await start_aggregator(
@@ -494,9 +522,10 @@ async def test_agent_reconnects_and_resends_its_state(
             listen=f"127.0.0.1:{port}",
             resync_interval=40.0,
         )
-        await asyncio.wait_for(agent.stream.connected.wait(), 10)
-        record = await eventually(lambda: second.core.pod(KEY), timeout=5)
-        await eventually(lambda: record.state is ServeState.SERVING, timeout=5)
+        await asyncio.wait_for(agent.stream.connected.wait(), WAIT)
+        # At once, not with a resync (40 s away: longer than these waits).
+        record = await eventually(lambda: second.core.pod(KEY), timeout=WAIT)
+        await eventually(lambda: record.state is ServeState.SERVING, timeout=WAIT)
         assert agent.stream.full_send_interval == 40.0
 
 
@@ -553,7 +582,7 @@ async def test_agent_survives_an_aggregator_that_stops_reading(make_agent: MakeA
                     raise AssertionError("Agent.run returned")
                 return servicer.streams >= 2
 
-            await eventually(reconnected, timeout=20)
+            await eventually(reconnected, timeout=WAIT)
     finally:
         servicer.release.set()
         await proxy.stop()

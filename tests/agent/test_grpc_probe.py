@@ -30,6 +30,9 @@ from tests.fakes import FakeGrpcServeProxy, FakeServeProxy, refused_port
 
 DEADLINE = 0.5
 HANG_DEADLINE = 0.2
+#: How late a hung call may return: far more than a loaded machine needs, far less than the
+#: hung proxy's forever (how late it does return is a figure).
+SLACK = 10.0
 
 
 @pytest.fixture
@@ -146,7 +149,7 @@ async def test_a_hung_proxy_times_out_within_the_deadline(
         result = await client.check(grpc_proxy.address)
     finally:
         await client.close()
-    assert time.monotonic() - started < HANG_DEADLINE + 2.0
+    assert time.monotonic() - started < HANG_DEADLINE + SLACK
     assert result.verdict == classify.timed_out(HANG_DEADLINE)
     assert result.timed_out
 
@@ -284,7 +287,10 @@ async def test_a_hung_grpc_proxy_is_a_confirmed_hang_within_one_timeout(
         await client.close()
     assert result.state is ServeState.UNHEALTHY
     assert "No answer within 200 ms" in result.reason
-    assert time.monotonic() - started < HANG_DEADLINE + 2.0
+    # Within one timeout is what the hedge is for, but a loaded machine may see the first
+    # timeout late, and then the hedge's own answer is awaited (tests/agent/test_probe.py
+    # tells the two apart with a recording clock): here, only a hang fails.
+    assert time.monotonic() - started < 2 * HANG_DEADLINE + SLACK
 
 
 async def test_a_prober_without_grpc_refuses_a_grpc_address(

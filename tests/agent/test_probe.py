@@ -3,9 +3,10 @@ the hedged confirmation of a hang.
 
 Every probe goes over real TCP on 127.0.0.1 to a ``FakeServeProxy`` (aiohttp), to a server that
 accepts and never answers, to one that hangs up, or to a port with nothing listening. Checks
-the state, the HTTP status and the reason of each result, and that a probe always returns within
-about its timeout. ``probe_confirmed`` on a proxy that leaves the first probe unanswered: a
-hedge unanswered too confirms the hang when the first times out (the hedge is cancelled, never
+the state, the HTTP status and the reason of each result, and that a probe that times out does
+so at its timeout, not before (how much later it returns is a figure: the bound is only for a
+hang). ``probe_confirmed`` on a proxy that leaves the first probe unanswered: a hedge
+unanswered too confirms the hang when the first times out (the hedge is cancelled, never
 awaited to its own timeout); a hedge that answered counts; a hedge still waiting for a
 concurrency slot confirms nothing, nor does one when the first's timeout was seen late (a
 stalled event loop, played by a clock that jumps). Which probe's result came back is read from
@@ -30,9 +31,9 @@ from servehealth_common.states import ServeState
 from tests import fakes
 from tests.fakes import FakeServeProxy, refused_port, silent_server
 
-TIMEOUT = 0.5  # generous for a local server that answers
+TIMEOUT = 5.0  # generous for a local server that answers, even on a loaded machine
 HANG_TIMEOUT = 0.2  # for servers that never answer: the timeout is what is tested
-SLACK = 2.0  # upper bound on how late a timed-out probe may return
+SLACK = 10.0  # how late a timed-out probe may return: only a hang is later
 #: uvloop's timers fire on a 1 ms clock: a timeout may end up to 1 ms early.
 TIMER_RESOLUTION = 0.002
 
@@ -352,11 +353,11 @@ def test_routes_url() -> None:
 
 #: For the hedge tests: the hedge starts CONFIRM_DELAY into the first probe and would time out
 #: CONFIRM_DELAY after it, so the event loop may run that late before a test could misread.
-HEDGE_TIMEOUT = 0.5
-CONFIRM_DELAY = 0.25
+HEDGE_TIMEOUT = 1.0
+CONFIRM_DELAY = 0.5
 #: The Prober's loop_lag_tolerance in these tests: generous for a loaded test machine (the
 #: default is 50 ms); the guard itself is tested with a clock that stalls.
-LAG_TOLERANCE = 0.15
+LAG_TOLERANCE = 0.4
 
 
 @dataclass
@@ -416,7 +417,7 @@ async def test_a_hang_is_confirmed_by_an_unanswered_hedge_after_one_timeout(
     finally:
         await proxy.stop()
     assert result.state is ServeState.UNHEALTHY
-    assert result.reason == "No answer within 500 ms."
+    assert result.reason == "No answer within 1000 ms."
     # Three readings: the first probe's start, the hedge's start, the first probe's end. The
     # hedge never ended on its own (its timeout was not waited for): the result is the first's.
     assert len(clock.readings) == 3

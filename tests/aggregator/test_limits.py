@@ -126,8 +126,9 @@ async def test_a_report_flood_ends_its_stream_only(start_aggregator: StartAggreg
     aggregator = await start_aggregator(max_reports_per_second=rate)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{aggregator.port}") as channel:
         good = await open_stream(channel, name="good-pod")
-        flood = await open_stream(channel, name="flooding-pod")
         loop = asyncio.get_running_loop()
+        opened = loop.time()  # before the flooding stream (and its budget) exists
+        flood = await open_stream(channel, name="flooding-pod")
         started = loop.time()
         sent = 0
 
@@ -135,7 +136,7 @@ async def test_a_report_flood_ends_its_stream_only(start_aggregator: StartAggreg
             # Each write waits for its ack (ack_every=1), so the error comes from a read,
             # never from a write racing the server's close (the client would say INTERNAL).
             nonlocal sent
-            while loop.time() - started < 5:
+            while loop.time() - started < 30:  # only a limit that never cuts takes this long
                 sent += 1
                 await flood.write(report(SERVING, sent))
                 try:
@@ -143,7 +144,7 @@ async def test_a_report_flood_ends_its_stream_only(start_aggregator: StartAggreg
                 except grpc.aio.AioRpcError as error:
                     return error
                 await asyncio.sleep(1 / (10 * rate))
-            raise AssertionError(f"{sent} reports in 5 s and the stream still open")
+            raise AssertionError(f"{sent} reports in 30 s and the stream still open")
 
         sender = asyncio.create_task(send_at_ten_times_the_rate())
         sequence = 0
@@ -153,12 +154,15 @@ async def test_a_report_flood_ends_its_stream_only(start_aggregator: StartAggreg
             assert (await good.read()).ack.sequence == sequence
             await asyncio.sleep(0.1)
         error = await sender
-        took = loop.time() - started
+        took = loop.time() - opened
         assert error.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
         assert f"more than {rate} report messages per second" in (error.details() or "")
-        # Cut within about the burst (twice the rate at worst) plus one second of the rate.
-        assert sent <= 4 * rate + 10, (sent, took)
-        assert took < 2.5, (sent, took)
+        # The burst went through; the cut came once the bucket was empty: the reports let
+        # through (all but the last sent) are at most the burst plus the rate for as long as
+        # the stream was open, however fast this machine let the flood go.
+        print(f"cut after {sent} reports, {took:.2f}s")
+        assert sent - 1 >= rate, (sent, took)  # the whole burst
+        assert sent - 1 <= rate + rate * took + 1, (sent, took)
         assert rejected(aggregator) == 1
         await assert_still_fine(aggregator, good, sequence + 1)
         good.cancel()

@@ -400,7 +400,7 @@ async def test_watch_timeout_seconds_ends_the_stream(
         timeout_seconds=1,
     )
     assert events == []
-    assert 0.9 <= loop.time() - started < 5
+    assert 0.9 <= loop.time() - started < 30  # not before the timeout; only a hang is later
     assert kube_emulator.watch_count == 0
 
 

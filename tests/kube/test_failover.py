@@ -5,9 +5,11 @@ emulator served over HTTP by this test, each with a pod of its own there, and re
 aggregator's Service, emulated by ``tests/kube/service_router.py`` (Ready pods labelled
 ``ray-serve-health/leader=true``). Both replicas must be Ready, the Service must route to the
 leader alone and every agent must be on it; stale leader labels left on both pods are removed.
-SIGKILL the leader: the standby must answer SERVING on grpc.health.v1, and the Service route to
-it, within 5 s, every agent must reconnect to it, and no Ray pod may be written in the meantime
-(the new leader seeds itself from the labels the old one wrote).
+SIGKILL the leader: the standby must take the Lease over (no sooner than a lease duration after
+the last renewal), answer SERVING on grpc.health.v1 and the Service route to it, every agent must
+reconnect to it, and no Ray pod may be written in the meantime (the new leader seeds itself from
+the labels the old one wrote). How long that takes (the issue asks for 5 s) is a figure:
+``bench.failover`` measures it; here it is printed, and the waits are generous (``WAIT``).
 
 Also as a process: a leader that cannot renew its Lease exits 1 (the Deployment restarts it as
 a standby), and ``--leader-elect`` with no namespace for the Lease is a clear startup error."""
@@ -43,24 +45,43 @@ from bench.failover import (
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
 from tests.fakes import FakeServeProxy, free_port
-from tests.kube.emulator import EVENTS, LEASES, PODS, KubeEmulator
+from tests.kube.emulator import EVENTS, LEASES, PODS, ApiCall, KubeEmulator
 
 LABEL = "ray.io/serve"
 PODS_COUNT = 4
-#: What the issue asks: the standby serves within 5 s of the leader's death.
-FAILOVER_LIMIT = 5.0
+#: How long a test waits for the replicas: only a hang takes this long. (The issue asks for a
+#: failover within 5 s; bench.failover measures it, on a machine not loaded by other tests.)
+WAIT = 30.0
+#: The replicas' --leader-elect-lease-duration (the default).
+LEASE_DURATION = 3.0
+#: The replicas' time.monotonic and the emulator's loop time (whole ms, a coarse clock).
+CLOCKS = 0.05
 
 
 async def summary(replica: Replica) -> pb.Summary:
     async with grpc.aio.insecure_channel(replica.address) as channel:
         stub = pb_grpc.InspectionServiceStub(channel)
-        return await stub.GetSummary(pb.GetSummaryRequest(), timeout=2)
+        return await stub.GetSummary(pb.GetSummaryRequest(), timeout=10)
 
 
 async def list_pods(replica: Replica) -> list[pb.Pod]:
     async with grpc.aio.insecure_channel(replica.address) as channel:
         stub = pb_grpc.InspectionServiceStub(channel)
-        return list((await stub.ListPods(pb.ListPodsRequest(), timeout=2)).pods)
+        return list((await stub.ListPods(pb.ListPodsRequest(), timeout=10)).pods)
+
+
+def written_holder(call: ApiCall) -> str:
+    """The holder a Lease write (POST, PUT) names ("" for a release)."""
+    return (call.body or {}).get("spec", {}).get("holderIdentity") or ""
+
+
+def lease_requests(emulator: KubeEmulator) -> list[ApiCall]:
+    """Every request for the replicas' Lease (its creation included), oldest first."""
+    return [
+        call
+        for call in emulator.requests(resource=LEASES, namespace="ray-serve-health")
+        if call.name in (None, "ray-serve-health-aggregator")
+    ]
 
 
 async def until(
@@ -143,7 +164,7 @@ async def test_both_ready_agents_on_the_leader_alone_and_sigkill_fails_over_writ
     async def only_the_leader_labelled() -> bool:
         return await labelled() == [leader.pod]
 
-    await until(only_the_leader_labelled, 20, "the stale labels removed", replicas)
+    await until(only_the_leader_labelled, WAIT, "the stale labels removed", replicas)
 
     async with (
         service(kube_emulator, replicas) as router,
@@ -154,7 +175,9 @@ async def test_both_ready_agents_on_the_leader_alone_and_sigkill_fails_over_writ
             ready = all(router.ready(replica.pod) for replica in replicas)
             return ready and router.endpoints() == [leader.pod]
 
-        await until(both_ready_leader_routed, 20, "both Ready, the Service on the leader", replicas)
+        await until(
+            both_ready_leader_routed, WAIT, "both Ready, the Service on the leader", replicas
+        )
 
         async def all_connected_to(replica: Replica) -> bool:
             return (await summary(replica)).agents_connected == PODS_COUNT
@@ -162,10 +185,12 @@ async def test_both_ready_agents_on_the_leader_alone_and_sigkill_fails_over_writ
         async def first_pod_labelled() -> bool:
             return kube_emulator.pod_labels(NS, "ray-worker-0").get(LABEL) == "true"
 
-        await until(lambda: all_connected_to(leader), 20, "agents connect to the leader", replicas)
+        await until(
+            lambda: all_connected_to(leader), WAIT, "agents connect to the leader", replicas
+        )
         assert (await summary(standby)).agents_connected == 0
         assert set(router.forwarded) == {leader.pod}, router.forwarded
-        await until(first_pod_labelled, 20, "the leader labels the unlabelled pod", replicas)
+        await until(first_pod_labelled, WAIT, "the leader labels the unlabelled pod", replicas)
 
         async def its_event_recorded() -> bool:  # the last request that label change makes
             return any(
@@ -173,7 +198,7 @@ async def test_both_ready_agents_on_the_leader_alone_and_sigkill_fails_over_writ
                 for call in kube_emulator.requests("POST", resource=EVENTS)
             )
 
-        await until(its_event_recorded, 20, "the label change's Event", replicas)
+        await until(its_event_recorded, WAIT, "the label change's Event", replicas)
         mark = kube_emulator.checkpoint()
 
         loop = asyncio.get_running_loop()
@@ -184,19 +209,32 @@ async def test_both_ready_agents_on_the_leader_alone_and_sigkill_fails_over_writ
         async def standby_serves() -> bool:
             return await health(standby) == SERVING
 
-        await until(standby_serves, FAILOVER_LIMIT + 5, "the standby takes over", [standby])
+        await until(standby_serves, WAIT, "the standby takes over", [standby])
         took_over = time.time()
 
         async def routed_to_the_new_leader() -> bool:
             return router.endpoints() == [standby.pod]
 
-        await until(routed_to_the_new_leader, FAILOVER_LIMIT + 5, "the Service moves", [standby])
+        await until(routed_to_the_new_leader, WAIT, "the Service moves", [standby])
         took = loop.time() - killed
-        assert took <= FAILOVER_LIMIT, f"failover took {took:.2f}s"
-        reconnected = await until(
-            lambda: all_connected_to(standby), 10, "agents reconnect to the new leader", [standby]
+        await until(
+            lambda: all_connected_to(standby), WAIT, "agents reconnect to the new leader", [standby]
         )
-        assert loop.time() - killed <= FAILOVER_LIMIT + 3.0, f"agents back after {reconnected:.2f}s"
+        print(
+            f"the Service on the new leader {took:.2f}s after the SIGKILL, "
+            f"the agents on it {loop.time() - killed:.2f}s after"
+        )
+        # The Lease taken over no sooner than a lease duration after the old leader's last
+        # renewal (the standby waits that long after it last saw the Lease change).
+        # (Writes: its creation, which both replicas may have tried, and renewals.)
+        writes = [c for c in lease_requests(kube_emulator) if c.method in ("POST", "PUT")]
+        takeover = next(
+            c for c in writes if c.at > killed and written_holder(c) == standby.identity
+        )
+        renewal = [
+            c for c in writes if c.at < takeover.at and written_holder(c) == leader.identity
+        ][-1]
+        assert takeover.at - renewal.at >= LEASE_DURATION - CLOCKS
 
         async def all_pushed_serving() -> bool:
             pods = await list_pods(standby)
@@ -204,7 +242,9 @@ async def test_both_ready_agents_on_the_leader_alone_and_sigkill_fails_over_writ
                 pod.state == pb.SERVE_STATE_SERVING and pod.source == pb.SOURCE_PUSH for pod in pods
             )
 
-        await until(all_pushed_serving, 10, "every pod pushed SERVING to the new leader", [standby])
+        await until(
+            all_pushed_serving, WAIT, "every pod pushed SERVING to the new leader", [standby]
+        )
         # No write can be on its way: the new leader writes only for a state change (or a
         # label someone else changed, and nobody did), and no pod changed state since it took
         # over: each is still in the SERVING it was seeded with from its label.
@@ -241,8 +281,8 @@ async def test_a_leader_that_cannot_renew_exits_1(
 
         await until(serving, 60, "the only replica leads", [replica])
         kube_emulator.fail_next(10_000, status=500, resource=LEASES)
-        # Renew deadline 2 s, then the drain: well within 10 s.
-        assert await asyncio.wait_for(running(replica).wait(), 10) == 1
+        # Renew deadline 2 s, then the drain (only a hang takes WAIT).
+        assert await asyncio.wait_for(running(replica).wait(), WAIT) == 1
     finally:
         await replica.kill()
     log = replica.log.read_text()
@@ -283,7 +323,8 @@ async def test_sigterm_of_the_leader_moves_the_service_at_once(
     kube_emulator: KubeEmulator, proxy: FakeServeProxy, replicas: list[Replica]
 ) -> None:
     """A graceful stop: the leader removes its own label and releases the Lease, so the
-    standby takes over, and the Service routes to it, well within a second or two."""
+    standby takes it at its next read (not a lease duration later), and the Service routes to
+    it."""
 
     async def leader_found() -> bool:
         statuses = [await health(replica) for replica in replicas]
@@ -298,9 +339,15 @@ async def test_sigterm_of_the_leader_moves_the_service_at_once(
         async def routed_to(replica: Replica) -> bool:
             return router.endpoints() == [replica.pod]
 
-        await until(lambda: routed_to(leader), 20, "the Service on the leader", replicas)
+        await until(lambda: routed_to(leader), WAIT, "the Service on the leader", replicas)
         running(leader).send_signal(signal.SIGTERM)
-        assert await asyncio.wait_for(running(leader).wait(), 10) == 0
+        assert await asyncio.wait_for(running(leader).wait(), WAIT) == 0
         assert LEADER_LABEL not in kube_emulator.pod_labels("ray-serve-health", leader.pod)
-        took = await until(lambda: routed_to(standby), 10, "the Service moves", [standby])
-        assert took <= FAILOVER_LIMIT
+        took = await until(lambda: routed_to(standby), WAIT, "the Service moves", [standby])
+    print(f"the Service moved {took:.2f}s after the old leader exited")
+    # After the release (a write naming no holder), the standby read the Lease once and took
+    # it: its next read, not a lease duration later.
+    lease = lease_requests(kube_emulator)
+    released = max(i for i, c in enumerate(lease) if c.method == "PUT" and not written_holder(c))
+    after = [(c.method, written_holder(c) if c.method == "PUT" else "") for c in lease]
+    assert after[released + 1 : released + 3] == [("GET", ""), ("PUT", standby.identity)]

@@ -12,7 +12,9 @@ the write and retry counters from the aggregator's Prometheus registry.
 from __future__ import annotations
 
 import itertools
+import logging
 import pathlib
+import re
 from collections.abc import AsyncIterator, Sequence
 
 import grpc
@@ -33,6 +35,10 @@ LABEL = "ray.io/serve"
 NS = "default"
 #: Long enough that no pod goes SILENT while a test runs (tests report once, not at 1 Hz).
 TTL = 60.0
+#: How long a test waits for the aggregator's writes: only a hang takes this long.
+WAIT = 30.0
+#: The writer's log line for a failed write: the delay it chose before the next attempt.
+RETRYING = re.compile(r"\(attempt (\d+), retrying in (\d+\.\d+)s\)")
 
 
 def _sample(aggregator: Aggregator, name: str, **labels: str) -> float:
@@ -102,7 +108,7 @@ async def test_429_with_retry_after_waits_then_succeeds(
         call = await open_stream(channel, "pod-a", NS, uid=pod["metadata"]["uid"])
         await call.write(report(SERVING, 1, "success"))
         await call.read()
-        await kube_emulator.wait_until(lambda: label(kube_emulator, "pod-a") == "true", within=5)
+        await kube_emulator.wait_until(lambda: label(kube_emulator, "pod-a") == "true", within=WAIT)
         call.cancel()
 
     patches = kube_emulator.requests("PATCH", resource="pods", subresource=None, since=mark)
@@ -111,7 +117,7 @@ async def test_429_with_retry_after_waits_then_succeeds(
     # Retry-After: 1 is used as is (no jitter, no shorter backoff step); 50 ms of slack only for
     # the clock reads on either side of asyncio's timer.
     assert patches[1].at - patches[0].at >= 0.95
-    await eventually(lambda: aggregator.registry.writer.pending == 0)
+    await eventually(lambda: aggregator.registry.writer.pending == 0, WAIT)
     assert writes(aggregator, "error") == 1
     assert writes(aggregator, "success") == 1
     assert retries(aggregator, "429") == 1
@@ -123,7 +129,9 @@ async def test_burst_of_500s_is_retried_never_dropped(
     aggregator, grpc_channel = channel
     names = [f"pod-{i}" for i in range(5)]
     add_pods(kube_emulator, names, serve="true")  # seeded SERVING: no writes until they turn
-    await eventually(lambda: all(aggregator.core.pod(PodKey(NS, n)) is not None for n in names))
+    await eventually(
+        lambda: all(aggregator.core.pod(PodKey(NS, n)) is not None for n in names), WAIT
+    )
     call = await open_node_stream(grpc_channel, "node-x")
     await send(call, dict.fromkeys(names, SERVING), 1)
     burst = kube_emulator.fail_next(5, status=500, method="PATCH")
@@ -131,9 +139,9 @@ async def test_burst_of_500s_is_retried_never_dropped(
     await send(call, dict.fromkeys(names, NOT_READY), 2)
 
     await kube_emulator.wait_until(
-        lambda: all(label(kube_emulator, n) == "false" for n in names), within=5
+        lambda: all(label(kube_emulator, n) == "false" for n in names), within=WAIT
     )
-    await eventually(lambda: aggregator.registry.writer.pending == 0)
+    await eventually(lambda: aggregator.registry.writer.pending == 0, WAIT)
     call.cancel()
     patches = kube_emulator.requests("PATCH", resource="pods", since=mark)
     assert len(burst) == 5
@@ -144,26 +152,42 @@ async def test_burst_of_500s_is_retried_never_dropped(
 
 
 async def test_consecutive_500s_back_off_longer_each_time(
-    kube_emulator: KubeEmulator, channel: tuple[Aggregator, grpc.aio.Channel]
+    kube_emulator: KubeEmulator,
+    channel: tuple[Aggregator, grpc.aio.Channel],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.WARNING, logger="aggregator.kube.writer")
     aggregator, grpc_channel = channel
     add_pods(kube_emulator, ["pod-a"], serve="true")
-    await eventually(lambda: aggregator.core.pod(PodKey(NS, "pod-a")) is not None)
+    await eventually(lambda: aggregator.core.pod(PodKey(NS, "pod-a")) is not None, WAIT)
     call = await open_node_stream(grpc_channel, "node-x")
     await send(call, {"pod-a": SERVING}, 1)
     kube_emulator.fail_next(3, status=500, method="PATCH")
     mark = kube_emulator.checkpoint()
     await send(call, {"pod-a": NOT_READY}, 2)
 
-    await kube_emulator.wait_until(lambda: label(kube_emulator, "pod-a") == "false", within=5)
+    await kube_emulator.wait_until(lambda: label(kube_emulator, "pod-a") == "false", within=WAIT)
     call.cancel()
     times = [p.at for p in kube_emulator.requests("PATCH", resource="pods", since=mark)]
     assert len(times) == 4
     gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
-    # RETRY_BACKOFF starts 0.2, 0.5, 1.0 s, each +/-20 % jitter: the ranges do not overlap.
-    for gap, base in zip(gaps, (0.2, 0.5, 1.0), strict=True):
-        assert base * 0.8 - 0.02 <= gap <= base * 1.2 + 0.3, gaps
-    await eventually(lambda: aggregator.registry.writer.pending == 0)
+    # The delays the writer chose (its log lines): RETRY_BACKOFF starts 0.2, 0.5, 1.0 s, each
+    # +/-20 % jitter, so each is longer than the one before (the ranges do not overlap).
+    chosen = [
+        (int(match[1]), float(match[2]))
+        for record in caplog.records
+        if record.name == "aggregator.kube.writer"
+        and (match := RETRYING.search(record.getMessage()))
+    ]
+    assert [attempt for attempt, _ in chosen] == [1, 2, 3]
+    for (_, delay), base in zip(chosen, (0.2, 0.5, 1.0), strict=True):
+        assert base * 0.8 - 0.005 <= delay <= base * 1.2 + 0.005, chosen  # logged as %.2f
+    # And it waited each out before the next attempt (how much longer, on a loaded machine, is
+    # a figure: the next attempt arrives no sooner).
+    print(f"gaps between attempts: {[round(gap, 3) for gap in gaps]}, chosen: {chosen}")
+    for gap, (_, delay) in zip(gaps, chosen, strict=True):
+        assert gap >= delay - 0.01, (gaps, chosen)
+    await eventually(lambda: aggregator.registry.writer.pending == 0, WAIT)
     assert writes(aggregator, "error") == 3
     assert writes(aggregator, "success") == 1
     assert retries(aggregator, "500") == 3
@@ -174,7 +198,7 @@ async def test_pod_deleted_while_its_write_is_slow_answers_404_and_is_dropped(
 ) -> None:
     aggregator, grpc_channel = channel
     add_pods(kube_emulator, ["pod-a", "pod-b"], serve="true")
-    await eventually(lambda: aggregator.core.tracked() == 2)
+    await eventually(lambda: aggregator.core.tracked() == 2, WAIT)
     call = await open_node_stream(grpc_channel, "node-x")
     await send(call, {"pod-a": SERVING, "pod-b": SERVING}, 1)
     kube_emulator.slow(1.0, where=kube_emulator.select(method="PATCH", name="pod-a"))
@@ -183,13 +207,13 @@ async def test_pod_deleted_while_its_write_is_slow_answers_404_and_is_dropped(
 
     # The PATCH of pod-a has reached the server and waits there; delete the pod under it.
     await kube_emulator.wait_until(
-        lambda: kube_emulator.requests("PATCH", name="pod-a", since=mark), within=5
+        lambda: kube_emulator.requests("PATCH", name="pod-a", since=mark), within=WAIT
     )
     kube_emulator.delete_pod(NS, "pod-a")
-    await eventually(lambda: aggregator.core.pod(PodKey(NS, "pod-a")) is None)
+    await eventually(lambda: aggregator.core.pod(PodKey(NS, "pod-a")) is None, WAIT)
     # The delayed PATCH is then answered 404 (the store no longer has the pod): dropped.
-    await eventually(lambda: writes(aggregator, "not_found") == 1, timeout=5)
-    await eventually(lambda: aggregator.registry.writer.pending == 0)
+    await eventually(lambda: writes(aggregator, "not_found") == 1, timeout=WAIT)
+    await eventually(lambda: aggregator.registry.writer.pending == 0, WAIT)
     assert label(kube_emulator, "pod-b") == "false"  # the other pod was not held up
     call.cancel()
     assert len(kube_emulator.requests("PATCH", name="pod-a", since=mark)) == 1
@@ -203,7 +227,7 @@ async def test_404_drops_the_write_and_the_watch_then_forgets_the_pod(
     aggregator, grpc_channel = channel
     key = PodKey(NS, "pod-a")
     add_pods(kube_emulator, ["pod-a"], serve="true")
-    await eventually(lambda: aggregator.core.pod(key) is not None)
+    await eventually(lambda: aggregator.core.pod(key) is not None, WAIT)
     call = await open_node_stream(grpc_channel, "node-x")
     await send(call, {"pod-a": SERVING}, 1)
     # Gone for the API server, but the watch has not said so yet.
@@ -211,13 +235,13 @@ async def test_404_drops_the_write_and_the_watch_then_forgets_the_pod(
     mark = kube_emulator.checkpoint()
     await send(call, {"pod-a": NOT_READY}, 2)
 
-    await eventually(lambda: writes(aggregator, "not_found") == 1)
-    await eventually(lambda: aggregator.registry.writer.pending == 0)  # nothing left to retry
+    await eventually(lambda: writes(aggregator, "not_found") == 1, WAIT)
+    await eventually(lambda: aggregator.registry.writer.pending == 0, WAIT)  # nothing left to retry
     assert len(kube_emulator.requests("PATCH", name="pod-a", since=mark)) == 1
     assert aggregator.core.pod(key) is not None  # only the watch removes pods
 
     kube_emulator.delete_pod(NS, "pod-a")
-    await eventually(lambda: aggregator.core.pod(key) is None)
+    await eventually(lambda: aggregator.core.pod(key) is None, WAIT)
     call.cancel()
     assert len(kube_emulator.requests("PATCH", name="pod-a", since=mark)) == 1
     assert writes(aggregator, "error") == 0
@@ -230,7 +254,7 @@ async def test_pod_deleted_while_its_write_retries_stops_the_retries(
     aggregator, grpc_channel = channel
     key = PodKey(NS, "pod-a")
     add_pods(kube_emulator, ["pod-a"], serve="true")
-    await eventually(lambda: aggregator.core.pod(key) is not None)
+    await eventually(lambda: aggregator.core.pod(key) is not None, WAIT)
     call = await open_node_stream(grpc_channel, "node-x")
     await send(call, {"pod-a": SERVING}, 1)
     kube_emulator.fail_next(100, status=503, method="PATCH", name="pod-a")
@@ -238,12 +262,12 @@ async def test_pod_deleted_while_its_write_retries_stops_the_retries(
     await send(call, {"pod-a": NOT_READY}, 2)
 
     await kube_emulator.wait_until(
-        lambda: len(kube_emulator.requests("PATCH", name="pod-a", since=mark)) >= 2, within=5
+        lambda: len(kube_emulator.requests("PATCH", name="pod-a", since=mark)) >= 2, within=WAIT
     )
     assert aggregator.registry.writer.pending == 1  # backing off, not given up
     kube_emulator.delete_pod(NS, "pod-a")
-    await eventually(lambda: aggregator.core.pod(key) is None)
-    await eventually(lambda: aggregator.registry.writer.pending == 0)
+    await eventually(lambda: aggregator.core.pod(key) is None, WAIT)
+    await eventually(lambda: aggregator.registry.writer.pending == 0, WAIT)
     call.cancel()
     assert retries(aggregator, "503") >= 2
     assert writes(aggregator, "error") == retries(aggregator, "503")
@@ -257,7 +281,7 @@ async def test_slow_api_loses_no_transition(
     aggregator, grpc_channel = channel
     names = ["pod-0", "pod-1", "pod-2", "pod-3"]
     add_pods(kube_emulator, names)  # no serve label yet
-    await eventually(lambda: aggregator.core.tracked() == 4)
+    await eventually(lambda: aggregator.core.tracked() == 4, WAIT)
     call = await open_node_stream(grpc_channel, "node-x")
     kube_emulator.slow(2.0)
     mark = kube_emulator.checkpoint()
@@ -278,7 +302,7 @@ async def test_slow_api_loses_no_transition(
     await send(call, {"pod-1": SERVING}, next(sequence))
     await kube_emulator.wait_until(
         lambda: patches_of("pod-0")[1:] == ["false"] and patches_of("pod-2")[1:] == ["false"],
-        within=6,
+        within=WAIT,
     )
     # The "false" writes are in flight now: pod-0 returns, pod-3 leaves.
     await send(call, {"pod-0": SERVING, "pod-3": UNHEALTHY}, next(sequence))
@@ -296,7 +320,7 @@ async def test_slow_api_loses_no_transition(
             aggregator.registry.writer.pending == 0
             and {name: label(kube_emulator, name) for name in names} == truth
         ),
-        timeout=12,
+        timeout=WAIT,
     )
     call.cancel()
     assert {name: patches_of(name) for name in names} == {
@@ -321,7 +345,7 @@ async def test_403_names_the_verb_and_resource_counts_it_and_the_write_still_lan
         call = await open_stream(channel, "pod-a", NS, uid=pod["metadata"]["uid"])
         await call.write(report(SERVING, 1, "success"))
         await call.read()
-        await kube_emulator.wait_until(lambda: label(kube_emulator, "pod-a") == "true", within=15)
+        await kube_emulator.wait_until(lambda: label(kube_emulator, "pod-a") == "true", within=WAIT)
         call.cancel()
     assert len(denied) == 3
     assert _sample(aggregator, "serve_health_api_denied_total", verb="patch", resource="pods") == 3

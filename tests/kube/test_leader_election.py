@@ -5,7 +5,11 @@ client): electors contending for one ``coordination.k8s.io/v1`` Lease, a stale u
 over at once, and a leader that cannot renew stops writing and says why.
 
 Timings are shorter than the defaults (lease 2 s, renew deadline 1.2 s, retry 0.3 s) so that
-the tests are quick; the defaults themselves are exercised by ``test_failover.py``.
+the tests are quick; the defaults themselves are exercised by ``test_failover.py``. What the
+tests assert is the order of events (a takeover no sooner than a lease duration after the last
+renewal, as the emulator saw both arrive; a released Lease taken at the standby's next read);
+how long things took is printed, and the waits are generous (``WAIT``: only a hang takes that
+long), so that a loaded machine does not fail them.
 """
 
 from __future__ import annotations
@@ -44,6 +48,11 @@ SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 MakeElector = Callable[..., LeaderElector]
+#: How long a test waits for an elector or an aggregator: only a hang takes this long.
+WAIT = 30.0
+#: Clocks: the electors' time.monotonic and the emulator's loop time (uvloop: whole ms, from a
+#: coarse clock) may differ by a few ms.
+CLOCKS = 0.05
 
 
 @pytest.fixture
@@ -51,10 +60,10 @@ async def make_elector(kube_emulator: KubeEmulator) -> AsyncIterator[MakeElector
     """``make_elector("a")``: a candidate on the emulator's Lease, with a client of its own."""
     stores: list[KubeLeaseStore] = []
 
-    def make(identity: str, **kwargs: Any) -> LeaderElector:
-        store = KubeLeaseStore(lease_api(kube_emulator.client_configuration(), TIMINGS), NS, NAME)
+    def make(identity: str, timings: ElectionSettings = TIMINGS, **kwargs: Any) -> LeaderElector:
+        store = KubeLeaseStore(lease_api(kube_emulator.client_configuration(), timings), NS, NAME)
         stores.append(store)
-        return LeaderElector(store, identity, TIMINGS, **kwargs)
+        return LeaderElector(store, identity, timings, **kwargs)
 
     yield make
     for store in stores:
@@ -82,6 +91,34 @@ def holder(emulator: KubeEmulator) -> str | None:
     return None if lease is None else lease["spec"].get("holderIdentity")
 
 
+def written_holder(call: ApiCall) -> str:
+    """The holder a Lease write (PUT) names ("" for a release)."""
+    return (call.body or {}).get("spec", {}).get("holderIdentity") or ""
+
+
+def takeover_after_renewal(emulator: KubeEmulator, old: str, new: str) -> float:
+    """Seconds from ``old``'s last renewal to ``new``'s takeover (the last write naming it),
+    as the emulator saw them arrive."""
+    puts = emulator.requests("PUT", resource=LEASES)
+    takeover = [call for call in puts if written_holder(call) == new][-1]
+    renewals = [call for call in puts if written_holder(call) == old and call.at < takeover.at]
+    return takeover.at - renewals[-1].at
+
+
+def reads_before_taking_the_release(emulator: KubeEmulator, new: str, since: int) -> list[str]:
+    """The Lease requests between the last release (a write naming no holder) since ``since``
+    and ``new``'s takeover: a standby that takes a released Lease at its next read made one
+    GET in between."""
+    calls = emulator.requests(resource=LEASES, since=since)
+    released = max(i for i, c in enumerate(calls) if c.method == "PUT" and not written_holder(c))
+    taken = next(
+        i
+        for i, c in enumerate(calls)
+        if i > released and c.method == "PUT" and written_holder(c) == new
+    )
+    return [call.method for call in calls[released + 1 : taken]]
+
+
 # -- electors -----------------------------------------------------------------------------
 
 
@@ -91,7 +128,7 @@ async def test_two_candidates_one_leader_and_a_takeover_after_a_crash(
     a, b = make_elector("a"), make_elector("b")
     async with background(a.acquire(), b.acquire()) as (acquiring_a, acquiring_b):
         done, _ = await asyncio.wait(
-            (acquiring_a, acquiring_b), timeout=10, return_when=asyncio.FIRST_COMPLETED
+            (acquiring_a, acquiring_b), timeout=WAIT, return_when=asyncio.FIRST_COMPLETED
         )
         assert len(done) == 1
         leader, standby = (a, b) if acquiring_a in done else (b, a)
@@ -106,7 +143,7 @@ async def test_two_candidates_one_leader_and_a_takeover_after_a_crash(
                     span(kube_emulator.requests("PUT", resource=LEASES, since=started))
                     > TIMINGS.lease_duration * 1.2
                 ),
-                within=10,
+                within=WAIT,
             )
             assert not waiting.done()
             assert not holding.done()
@@ -117,16 +154,18 @@ async def test_two_candidates_one_leader_and_a_takeover_after_a_crash(
             holding.cancel()
         loop = asyncio.get_running_loop()
         crashed = loop.time()
-        await asyncio.wait_for(waiting, 10)
+        await asyncio.wait_for(waiting, WAIT)
         took = loop.time() - crashed
     assert holder(kube_emulator) == standby.identity
     lease = kube_emulator.lease(NS, NAME)
     assert lease is not None
     assert lease["spec"]["leaseTransitions"] == 1
     assert lease["spec"]["leaseDurationSeconds"] == 2
-    # The lease duration after the standby last saw it change, plus one (jittered) poll.
-    assert TIMINGS.lease_duration - TIMINGS.retry_period * 1.1 <= took
-    assert took <= TIMINGS.lease_duration + TIMINGS.retry_period * 1.1 + 0.5
+    # Taken over no sooner than a lease duration after the last renewal (the standby waits a
+    # lease duration after it last saw the Lease change); how much later is a figure.
+    waited = takeover_after_renewal(kube_emulator, leader.identity, standby.identity)
+    print(f"taken over {waited:.2f}s after the last renewal, {took:.2f}s after the crash")
+    assert waited >= TIMINGS.lease_duration - CLOCKS
 
 
 async def test_a_stale_update_is_refused_409_and_the_loser_waits(
@@ -156,13 +195,13 @@ async def test_a_leader_overwritten_behind_its_back_loses_at_the_next_renewal(
     kube_emulator: KubeEmulator, make_elector: MakeElector
 ) -> None:
     a = make_elector("a")
-    await asyncio.wait_for(a.acquire(), 10)
+    await asyncio.wait_for(a.acquire(), WAIT)
     lease = kube_emulator.lease(NS, NAME)
     assert lease is not None
     lease["spec"]["holderIdentity"] = "someone-else"
     kube_emulator.put_object(LEASES, lease)
     mark = kube_emulator.checkpoint()
-    reason = await asyncio.wait_for(a.hold(), 10)
+    reason = await asyncio.wait_for(a.hold(), WAIT)
     assert reason == f"lease {NS}/{NAME} is now held by someone-else"
     # The optimistic renewal (a PUT at a's stale version: 409), then a read, and no more.
     assert [c.method for c in kube_emulator.requests(resource=LEASES, since=mark)] == [
@@ -176,7 +215,7 @@ async def test_one_failed_renewal_is_survived(
 ) -> None:
     failures: list[None] = []
     a = make_elector("a", on_renew_failure=lambda: failures.append(None))
-    await asyncio.wait_for(a.acquire(), 10)
+    await asyncio.wait_for(a.acquire(), WAIT)
     kube_emulator.fail_next(1, status=500, resource=LEASES, method="PUT")
     kube_emulator.fail_next(1, status=500, resource=LEASES, method="GET")
     mark = kube_emulator.checkpoint()
@@ -187,7 +226,7 @@ async def test_one_failed_renewal_is_survived(
                 span(kube_emulator.requests("PUT", resource=LEASES, since=mark))
                 > TIMINGS.renew_deadline * 1.5
             ),
-            within=10,
+            within=WAIT,
         )
         assert not holding.done()
     assert failures == [None]
@@ -199,20 +238,24 @@ async def test_a_leader_that_cannot_renew_gives_up_at_the_renew_deadline(
     kube_emulator: KubeEmulator, make_elector: MakeElector, fault: str
 ) -> None:
     failures: list[None] = []
-    a = make_elector("a", on_renew_failure=lambda: failures.append(None))
-    await asyncio.wait_for(a.acquire(), 10)
+    # The usual renew deadline, a longer lease: the room between them (how late the give-up
+    # may come) is what a loaded machine needs, not what is tested.
+    timings = ElectionSettings(lease_duration=4, renew_deadline=1.2, retry_period=0.3)
+    a = make_elector("a", timings, on_renew_failure=lambda: failures.append(None))
+    await asyncio.wait_for(a.acquire(), WAIT)
     renewed_at = a.renewed_at
     assert renewed_at is not None
     if fault == "errors":
         kube_emulator.fail_next(1000, status=500, resource=LEASES)
     else:  # every Lease request hangs far longer than the call deadline
         kube_emulator.slow(30.0, where=kube_emulator.select(resource=LEASES))
-    reason = await asyncio.wait_for(a.hold(), 10)
+    reason = await asyncio.wait_for(a.hold(), WAIT)
     lost_at = time.monotonic()  # the elector's clock (uvloop's loop.time() is in whole ms)
     assert "within the renew deadline (1.2s)" in reason
-    # Given up by the deadline (a little later at most), before the lease could expire for
-    # anyone else (2 s after they last saw it change).
-    assert TIMINGS.renew_deadline <= lost_at - renewed_at < TIMINGS.lease_duration
+    # Given up at the deadline, not before, and before the lease could expire for anyone else
+    # (a lease duration after they last saw it change).
+    print(f"gave up {lost_at - renewed_at:.2f}s after the last renewal")
+    assert timings.renew_deadline <= lost_at - renewed_at < timings.lease_duration
     assert len(failures) >= 1
     kube_emulator.clear_faults()
 
@@ -266,7 +309,7 @@ async def test_a_standby_refuses_reports_and_makes_no_pod_request(
 ) -> None:
     serve_pods(kube_emulator)
     leader = await start_kube(**ELECTION)
-    await eventually(is_serving(leader), timeout=10)
+    await eventually(is_serving(leader), timeout=WAIT)
     assert gauge(leader, "serve_health_leader") == 1
     assert leader.core.tracked() == 3  # seeded from the pods' labels
     mark = kube_emulator.checkpoint()
@@ -277,7 +320,7 @@ async def test_a_standby_refuses_reports_and_makes_no_pod_request(
             span(kube_emulator.requests("GET", resource=LEASES, since=mark))
             > TIMINGS.lease_duration + TIMINGS.retry_period
         ),
-        within=10,
+        within=WAIT,
     )
     assert await health(standby.port) == NOT_SERVING
     assert await health(standby.port, LIVENESS) == SERVING
@@ -291,7 +334,7 @@ async def test_a_standby_refuses_reports_and_makes_no_pod_request(
         async def say_hello() -> None:
             # The standby may end the stream before the hello is even written.
             await call.write(hello("ray", "ray-worker-0"))
-            await asyncio.wait_for(call.read(), 5)
+            await asyncio.wait_for(call.read(), WAIT)
 
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await say_hello()
@@ -310,13 +353,13 @@ async def test_a_graceful_stop_hands_over_at_once(
 ) -> None:
     serve_pods(kube_emulator)
     first = await start_kube(**ELECTION)
-    await eventually(is_serving(first), timeout=10)
+    await eventually(is_serving(first), timeout=WAIT)
     before_second = kube_emulator.checkpoint()
     second = await start_kube(**ELECTION)
     # The second replica has read the Lease (held by the first) twice: it is a standby.
     await kube_emulator.wait_until(
         lambda: len(kube_emulator.requests("GET", resource=LEASES, since=before_second)) >= 2,
-        within=10,
+        within=WAIT,
     )
     assert await health(second.port) == NOT_SERVING
     mark = kube_emulator.checkpoint()
@@ -324,11 +367,14 @@ async def test_a_graceful_stop_hands_over_at_once(
     stopped = loop.time()
     await first.stop()
     assert holder(kube_emulator) == ""  # released
-    await eventually(is_serving(second), timeout=5)
-    took = loop.time() - stopped
-    assert took < TIMINGS.retry_period * 1.1 + 1.0  # the next poll, not a lease duration
+    await eventually(is_serving(second), timeout=WAIT)
+    print(f"the second serves {loop.time() - stopped:.2f}s after the first began to stop")
     assert second.lost is None
-    assert holder(kube_emulator) == second.election.elector.identity  # type: ignore[union-attr]
+    assert second.election is not None
+    identity = second.election.elector.identity  # type: ignore[union-attr]
+    assert holder(kube_emulator) == identity
+    # Taken at the second's next read of the released Lease, not a lease duration later.
+    assert reads_before_taking_the_release(kube_emulator, identity, mark) == ["GET"]
     assert second.core.tracked() == 3
     assert kube_emulator.requests("PATCH", resource=PODS, since=mark) == []
 
@@ -338,9 +384,9 @@ async def test_a_leader_that_loses_the_lease_stops_writing_and_says_why(
 ) -> None:
     serve_pods(kube_emulator)
     leader = await start_kube(**ELECTION)
-    await eventually(is_serving(leader), timeout=10)
+    await eventually(is_serving(leader), timeout=WAIT)
     kube_emulator.fail_next(1000, status=503, resource=LEASES)
-    await asyncio.wait_for(leader.wait(), 10)
+    await asyncio.wait_for(leader.wait(), WAIT)
     assert leader.lost is not None
     assert "renew deadline" in leader.lost
     assert await health(leader.port) == NOT_SERVING
@@ -355,7 +401,7 @@ async def test_a_leader_that_loses_the_lease_stops_writing_and_says_why(
     mark = kube_emulator.checkpoint()
     kube_emulator.modify_pod("ray", "ray-worker-0", labels={"ray.io/serve": "false"})
     successor = make_elector("successor")
-    await asyncio.wait_for(successor.acquire(), 10)
+    await asyncio.wait_for(successor.acquire(), WAIT)
     assert holder(kube_emulator) == "successor"
     assert span(kube_emulator.requests(resource=LEASES, since=mark)) >= TIMINGS.lease_duration
     assert kube_emulator.requests(resource=PODS, since=mark) == []

@@ -28,6 +28,9 @@ from tests.kube.emulator import DEFAULT_POD_LABELS, KubeEmulator
 from tests.messages import open_stream, report
 
 TTL, PULL_TIMEOUT = 3.0, 0.5
+#: How long a test waits for the aggregator: only a hang takes this long (how long it does
+#: take is a figure for bench/, not a bound here).
+WAIT = 30.0
 
 
 @pytest.fixture
@@ -92,17 +95,18 @@ async def test_killed_agent_keeps_label_then_dead_proxy_loses_it(
         harness.start_agent, tmp_path, f"127.0.0.1:{aggregator.port}", fake_proxy.port, identity
     )
     try:
-        await kube_emulator.wait_until(lambda: label(kube_emulator, "pod-a") == "true")
+        await kube_emulator.wait_until(lambda: label(kube_emulator, "pod-a") == "true", within=WAIT)
         mark = kube_emulator.checkpoint()
         os.kill(agent.pid, signal.SIGKILL)
         await asyncio.to_thread(agent.popen.wait, 10)
         # Pulled at once, and again before each TTL would run out: at least three pulls span
         # more than one TTL, all confirming SERVING; the label is never touched.
         await eventually(
-            lambda: (r := record(aggregator, "pod-a")).source is Source.PULL and r.agent is None
+            lambda: (r := record(aggregator, "pod-a")).source is Source.PULL and r.agent is None,
+            WAIT,
         )
         pulls = aggregator.metrics.pull_probes.labels("SERVING")
-        await eventually(lambda: pulls._value.get() >= 3, timeout=3 * TTL)
+        await eventually(lambda: pulls._value.get() >= 3, timeout=WAIT)
         assert record(aggregator, "pod-a").state is ServeState.SERVING
         assert kube_emulator.requests("PATCH", since=mark) == []
 
@@ -110,12 +114,14 @@ async def test_killed_agent_keeps_label_then_dead_proxy_loses_it(
         stopped = loop.time()
         await fake_proxy.stop()  # the proxy dies too: connections are refused
         await kube_emulator.wait_until(
-            lambda: label(kube_emulator, "pod-a") == "false", within=TTL + PULL_TIMEOUT + 5
+            lambda: label(kube_emulator, "pod-a") == "false", within=WAIT
         )
         took = loop.time() - stopped
         print(f"label false {took:.2f}s after the proxy stopped")
-        assert took <= TTL + PULL_TIMEOUT + 1
-        assert record(aggregator, "pod-a").state is ServeState.NO_PROXY
+        # Out by a pull that found nothing listening (not by silence), in one write.
+        pulled = record(aggregator, "pod-a")
+        assert (pulled.state, pulled.source) == (ServeState.NO_PROXY, Source.PULL)
+        assert removals(kube_emulator, since=mark) == ["pod-a"]
     finally:
         agent.stop()
 
@@ -129,7 +135,7 @@ async def test_silent_agent_with_open_stream_is_pulled(
         call = await open_stream(channel, uid=pod["metadata"]["uid"])
         await call.write(report(pb.SERVE_STATE_SERVING, 1, "success"))
         await call.read()
-        await kube_emulator.wait_until(lambda: label(kube_emulator, "pod-a") == "true")
+        await kube_emulator.wait_until(lambda: label(kube_emulator, "pod-a") == "true", within=WAIT)
         # The agent says nothing more but keeps its stream open: after the TTL its pod is
         # pulled (the puller may come first, or the expiry pass may make it SILENT first: both
         # race by design); the proxy answers, so the pod is SERVING and its label never moved.
@@ -138,13 +144,15 @@ async def test_silent_agent_with_open_stream_is_pulled(
                 (r := record(aggregator, "pod-a")).state is ServeState.SERVING
                 and r.source is Source.PULL
             ),
-            timeout=5,
+            timeout=WAIT,
         )
         assert record(aggregator, "pod-a").agent is not None  # still connected, just silent
         assert removals(kube_emulator) == []
         # It keeps being pulled while its agent is silent.
         fake_proxy.set(DRAINING)
-        await kube_emulator.wait_until(lambda: label(kube_emulator, "pod-a") == "false", within=5)
+        await kube_emulator.wait_until(
+            lambda: label(kube_emulator, "pod-a") == "false", within=WAIT
+        )
         assert record(aggregator, "pod-a").source is Source.PULL
         call.cancel()
 
@@ -162,12 +170,14 @@ async def test_most_agents_disconnecting_removes_no_label(
             await call.read()
             calls.append(call)
         await kube_emulator.wait_until(
-            lambda: all(label(kube_emulator, f"pod-{i}") == "true" for i in range(10))
+            lambda: all(label(kube_emulator, f"pod-{i}") == "true" for i in range(10)),
+            within=WAIT,
         )
         for call in calls[:8]:  # 80 % of the agents vanish at once
             call.cancel()
         await eventually(
-            lambda: all(record(aggregator, f"pod-{i}").source is Source.PULL for i in range(8))
+            lambda: all(record(aggregator, f"pod-{i}").source is Source.PULL for i in range(8)),
+            WAIT,
         )
         assert all(record(aggregator, f"pod-{i}").state is ServeState.SERVING for i in range(10))
         assert removals(kube_emulator) == []
@@ -184,11 +194,11 @@ async def test_most_proxies_hanging_is_panic_and_removes_no_label(
     add_pods(kube_emulator, proxies)  # no agents: pure pull
     aggregator = await start_kube(pull_interval=0.5)
     await kube_emulator.wait_until(
-        lambda: all(label(kube_emulator, f"pod-{i}") == "true" for i in range(10)), within=10
+        lambda: all(label(kube_emulator, f"pod-{i}") == "true" for i in range(10)), within=WAIT
     )
     for proxy in proxies[:8]:  # 80 % of the proxies hang at once
         proxy.hang = True
-    await eventually(lambda: aggregator.core.summary().panic_held_writes == 8, timeout=10)
+    await eventually(lambda: aggregator.core.summary().panic_held_writes == 8, timeout=WAIT)
     summary = await grpcurl_summary(aggregator)
     assert summary["panic"] is True
     held = summary.get("panicHeldWrites", summary.get("panic_held_writes"))
@@ -197,7 +207,7 @@ async def test_most_proxies_hanging_is_panic_and_removes_no_label(
     # Probing goes on; the held removals never reach the API.
     unhealthy = aggregator.metrics.pull_probes.labels("UNHEALTHY")
     seen = unhealthy._value.get()
-    await eventually(lambda: unhealthy._value.get() >= seen + 8, timeout=10)
+    await eventually(lambda: unhealthy._value.get() >= seen + 8, timeout=WAIT)
     assert removals(kube_emulator) == []
     assert aggregator.core.panic
 
@@ -205,14 +215,14 @@ async def test_most_proxies_hanging_is_panic_and_removes_no_label(
     for proxy in proxies[2:8]:
         proxy.set(proxy.healthz)
     proxies[9].set(NOT_POPULATED)
-    await eventually(lambda: not aggregator.core.panic, timeout=15)
+    await eventually(lambda: not aggregator.core.panic, timeout=WAIT)
     # Panic over: what the probes show is applied (the two hung ones and the 503 go out).
     await kube_emulator.wait_until(
         lambda: (
             [label(kube_emulator, f"pod-{i}") for i in range(10)]
             == ["false", "false", *["true"] * 7, "false"]
         ),
-        within=15,
+        within=WAIT,
     )
     summary = await grpcurl_summary(aggregator)
     assert "panic" not in summary  # false is left out of the JSON
@@ -252,7 +262,7 @@ async def test_a_healthy_fleet_without_agents_starts_without_panic(
     )
     pulled = aggregator.metrics.pull_probes.labels("SERVING")
     # Every pod pulled SERVING twice: past the grace, its extra TTL and a full pull interval.
-    await eventually(lambda: pulled._value.get() >= 2 * len(proxies), timeout=15)
+    await eventually(lambda: pulled._value.get() >= 2 * len(proxies), timeout=WAIT)
     assert all(record(aggregator, f"pod-{i}").state is ServeState.SERVING for i in range(10))
     assert aggregator.core.counts()[ServeState.SILENT] == 0
     assert "PANIC" not in caplog.text
@@ -275,10 +285,12 @@ async def test_a_pod_declaring_serve_grpc_is_pulled_on_both_proxies(
         containers[0]["ports"].append({"name": "serve-grpc", "containerPort": grpc_proxy.port})
         kube_emulator.modify_pod("default", "pod-g", patch={"spec": {"containers": containers}})
         aggregator = await start_kube(pull_interval=0.2)
-        await kube_emulator.wait_until(lambda: label(kube_emulator, "pod-g") == "true")
+        await kube_emulator.wait_until(lambda: label(kube_emulator, "pod-g") == "true", within=WAIT)
         assert grpc_proxy.calls > 0
         grpc_proxy.set(GRPC_DRAINING)  # HTTP still serves
-        await kube_emulator.wait_until(lambda: label(kube_emulator, "pod-g") == "false")
+        await kube_emulator.wait_until(
+            lambda: label(kube_emulator, "pod-g") == "false", within=WAIT
+        )
         pulled = record(aggregator, "pod-g")
         assert pulled.state is ServeState.DRAINING
         assert pulled.source is Source.PULL

@@ -74,7 +74,7 @@ async def test_shadow_mode_decides_everything_and_writes_nothing(
         metric, metric_is = running.metric, running.metric_is
 
         async def figures_are(enter: int, leave: int, *, serving: int | None = None) -> bool:
-            summary = await stub.GetSummary(pb.GetSummaryRequest(), timeout=2)
+            summary = await stub.GetSummary(pb.GetSummaryRequest(), timeout=10)
             if serving is not None and summary.pods_by_state["SERVE_STATE_SERVING"] != serving:
                 return False
             metrics = (
