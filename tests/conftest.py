@@ -146,8 +146,14 @@ class FakeClock:
         self.now += seconds
 
 
-async def eventually(check: Callable[[], Any], timeout: float = 5.0, interval: float = 0.02) -> Any:
-    """Poll ``check`` (sync or async) until it returns a truthy value or ``timeout`` passes."""
+async def eventually(
+    check: Callable[[], Any], timeout: float = 30.0, interval: float = 0.02
+) -> Any:
+    """Poll ``check`` (sync or async) until it returns a truthy value or ``timeout`` passes.
+
+    The default is generous on purpose: a wait ends as soon as its condition holds, so only a
+    hang meets the timeout, also on two loaded cores with four workers. Never use it to prove
+    that something does not happen (use an event or a fake clock)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while True:

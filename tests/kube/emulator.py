@@ -1402,7 +1402,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         else:
             await self.wait_until(lambda: len(self._watches) >= count, within=within)
 
-    async def wait_until(self, predicate: Callable[[], Any], *, within: float = 5.0) -> Any:
+    async def wait_until(self, predicate: Callable[[], Any], *, within: float = 30.0) -> Any:
         """Wait until ``predicate()`` is truthy and return its value (AssertionError after
         ``within`` seconds). No polling: the predicate is checked again whenever a request
         arrives, the store changes, or a watch opens or closes, so it must depend on the
