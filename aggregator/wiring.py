@@ -21,6 +21,7 @@ from aggregator.auth import DEFAULT_AUDIENCE, ReviewUnavailable, TokenReviewer
 from aggregator.channel_options import GrpcServerSettings
 from aggregator.core import Core, CoreSettings
 from aggregator.expiry import ExpiryLoop
+from aggregator.fallback_settings import write_settings
 from aggregator.flags import AggregatorFlags
 from aggregator.guard import Guard
 from aggregator.inspection_service import InspectionService
@@ -45,7 +46,6 @@ from aggregator.serve_view_poller import ServeViewSettings
 from aggregator.server import Aggregator, Election, PortSettings
 from aggregator.shadow import WOULD_BE_KINDS, ShadowView
 from aggregator.tracker import Clock, Tracker, TrackerSettings
-from servehealth.v1 import servehealth_pb2 as pb
 from servehealth_common.config import split_host_port
 from servehealth_common.kube.client import NoKubeConfig, find_config, load_configuration
 from servehealth_common.kube.errors import APIError
@@ -110,22 +110,6 @@ def report_settings(flags: AggregatorFlags) -> ReportSettings:
             max_pods_per_stream=flags.max_pods_per_stream,
         ),
         writes=write_settings(flags),
-    )
-
-
-def write_settings(flags: AggregatorFlags) -> pb.WriteSettings:
-    """What this aggregator writes, for agents in fallback (--agent-fallback); in shadow mode
-    (--dry-run) they may not write (they keep that over their own --fallback-write)."""
-    condition = flags.mode in ("condition", "both")
-    allowed = flags.agent_fallback == "on" or (flags.agent_fallback == "auto" and condition)
-    return pb.WriteSettings(
-        label=flags.mode in ("label", "both"),
-        label_key=flags.label_key,
-        condition=condition,
-        condition_type=flags.condition_type,
-        failure_threshold=flags.failure_threshold,
-        success_threshold=flags.success_threshold,
-        fallback=allowed and not flags.dry_run,
     )
 
 

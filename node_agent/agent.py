@@ -26,6 +26,7 @@ from node_agent.fallback_rules import WhosePods
 from node_agent.fallback_runner import FallbackRunner, WriterLike
 from node_agent.flags import AgentFlags
 from node_agent.identity import SidecarPod
+from node_agent.lease_gate import LeaseName
 from node_agent.outbox import Outbox
 from node_agent.probing import PodProbe
 from node_agent.sink import NO_METRICS, MetricsSink
@@ -61,6 +62,7 @@ class Agent:
             after=settings.fallback_after,
             own=WhosePods(pod=key, uid=identity.uid),
             flag_rules=settings.fallback_rules,
+            lease=LeaseName.parse(settings.fallback_lease),
             clock=time.monotonic,
         )
         self.fallback = FallbackRunner(core, self._open_writer, metrics=metrics, own_pod=key)

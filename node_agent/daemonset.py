@@ -30,6 +30,7 @@ from node_agent.fallback_rules import PodFacts, WhosePods
 from node_agent.fallback_runner import FallbackRunner
 from node_agent.fallback_writer import FallbackWriter
 from node_agent.flags import AgentFlags
+from node_agent.lease_gate import LeaseName
 from node_agent.outbox import Outbox
 from node_agent.probing import PodProbe
 from node_agent.sink import NO_METRICS, MetricsSink
@@ -165,6 +166,7 @@ class NodeAgent:
             after=settings.fallback_after,
             own=WhosePods(node_name=node_name),
             flag_rules=settings.fallback_rules,
+            lease=LeaseName.parse(settings.fallback_lease),
             clock=time.monotonic,
         )
         self._client = client

@@ -49,6 +49,7 @@ from node_agent.fallback_rules import (
     carrying,
     refusal,
 )
+from node_agent.lease_gate import LeaseGate, LeaseName
 from servehealth_common.pod_identity import PodKey
 from servehealth_common.states import ServeState
 
@@ -90,6 +91,7 @@ class Fallback:
         own: WhosePods,
         flag_rules: WriteRules | None,
         clock: Clock,
+        lease: LeaseName | None = None,
     ) -> None:
         self.after = after
         self.own = own
@@ -107,6 +109,8 @@ class Fallback:
         #: Writes handed out and not finished; and those that failed for good, per value.
         self._in_flight: dict[tuple[PodKey, Kind], str] = {}
         self._given_up: dict[tuple[PodKey, Kind], str] = {}
+        #: The gate of issue 26: fallback only while no aggregator renews this Lease.
+        self.lease = LeaseGate(lease, clock) if lease is not None else None
 
     # -- the stream and the rules --------------------------------------------------------
 
@@ -124,9 +128,18 @@ class Fallback:
         self._learned = rules if why is None else None
         return why
 
+    def learned_lease(self, name: LeaseName | None) -> None:
+        """The Lease an aggregator's settings name (None: it elects no leader)."""
+        if name is None:
+            self.lease = None
+        elif self.lease is None or self.lease.name != name:
+            self.lease = LeaseGate(name, self._clock)
+
     def stream_up(self) -> FallbackChange | None:
         """An aggregator accepted the stream: fallback ends at once, and writes not yet sent
-        are dropped (:meth:`still_wanted`)."""
+        are dropped (:meth:`still_wanted`); the Lease is read afresh next time."""
+        if self.lease is not None:
+            self.lease.forget()
         return self._move(FallbackPhase.CONNECTED)
 
     def stream_down(self) -> FallbackChange | None:
@@ -137,13 +150,36 @@ class Fallback:
 
     def due(self) -> float | None:
         """When fallback begins (clock time) if no stream is accepted before; None if it
-        cannot (a stream is up, fallback is off, or already in fallback)."""
+        cannot (a stream is up, fallback is off, already in fallback, or the Lease is being
+        read): no stream for ``after`` seconds, and the Lease (if any) not renewed."""
         if self.phase is not FallbackPhase.WAITING or self.after <= 0 or self.rules is None:
             return None
-        return self._down_since + self.after
+        start = self._down_since + self.after
+        if self.lease is None:
+            return start
+        until = self.lease.renewed_until()
+        if until is None:  # not read yet: read from ``start`` on (:meth:`lease_wanted`)
+            return start if self._clock() < start else None
+        return max(start, until)
+
+    def lease_wanted(self) -> bool:
+        """Whether the Lease should be read now: one is named, and fallback is due but for
+        it, or under way (never while a stream is up)."""
+        if self.lease is None or self.after <= 0 or self.rules is None:
+            return False
+        if self.phase is FallbackPhase.FALLBACK:
+            return True
+        return (
+            self.phase is FallbackPhase.WAITING and self._clock() >= self._down_since + self.after
+        )
 
     def tick(self) -> FallbackChange | None:
-        """Begin fallback if it is due."""
+        """Begin fallback if it is due; end it at once if the Lease is renewed again (an
+        aggregator is back, even before it accepts this agent's stream)."""
+        if self.phase is FallbackPhase.FALLBACK:
+            if self.lease is not None and self.lease.renewed():
+                return self._move(FallbackPhase.WAITING)
+            return None
         due = self.due()
         if due is None or self._clock() < due:
             return None
@@ -165,8 +201,11 @@ class Fallback:
                | rules to write with        |
                v                            |
             FALLBACK -----------------------+
+               |
+               +--> WAITING: the Lease is renewed again (an aggregator is back)
 
-        Writes are decided only in FALLBACK.
+        With a Lease named, WAITING -> FALLBACK also needs the Lease not renewed
+        (:mod:`node_agent.lease_gate`). Writes are decided only in FALLBACK.
         """
         old, now = self.phase, self._clock()
         if new is old:
@@ -179,7 +218,7 @@ class Fallback:
             self._dirty.update(self._pods)
             return FallbackChange(old, new, now - self._down_since)
         seconds = now - self._began if old is FallbackPhase.FALLBACK else 0.0
-        if new is FallbackPhase.CONNECTED:
+        if new is FallbackPhase.CONNECTED or old is FallbackPhase.FALLBACK:
             self._in_flight.clear()
             self._given_up.clear()
         return FallbackChange(old, new, seconds)
@@ -314,5 +353,6 @@ _ALLOWED = frozenset(
         (FallbackPhase.CONNECTED, FallbackPhase.WAITING),
         (FallbackPhase.WAITING, FallbackPhase.FALLBACK),
         (FallbackPhase.FALLBACK, FallbackPhase.CONNECTED),
+        (FallbackPhase.FALLBACK, FallbackPhase.WAITING),
     }
 )

@@ -30,6 +30,7 @@ from node_agent.fallback_rules import (
     Write,
     WriteRules,
 )
+from node_agent.lease_gate import Judged, LeaseName, LeaseSeen
 from node_agent.sink import MetricsSink
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth_common.fallback_marks import WHY
@@ -64,6 +65,16 @@ class WriterLike(Protocol):
         self, key: PodKey, seen: Callable[[PodFacts], None], gone: Callable[[PodKey], None]
     ) -> None: ...
 
+    async def follow_lease(self, name: LeaseName, to: LeaseListener) -> None: ...
+
+
+class LeaseListener(Protocol):
+    """Who is told what the Lease shows (:class:`FallbackRunner`)."""
+
+    def lease_seen(self, name: LeaseName, record: LeaseSeen | None) -> None: ...
+
+    def lease_unreadable(self, name: LeaseName) -> None: ...
+
 
 #: Makes the writer when fallback first begins; None if it cannot (it logged why).
 OpenWriter = Callable[[Fallback], Awaitable["WriterLike | None"]]
@@ -90,6 +101,7 @@ class FallbackRunner:
         self._writer: WriterLike | None = None
         self._writer_task: asyncio.Task[None] | None = None
         self._follow_task: asyncio.Task[None] | None = None  # a sidecar's watch of its pod
+        self._lease_task: asyncio.Task[None] | None = None  # the Lease's watch, without stream
         self._said: set[str] = set()  # refusals already logged
         self._told_rules: object = ()  # the rules last logged
         metrics.fallback_clock(core.seconds_in_fallback)
@@ -99,6 +111,7 @@ class FallbackRunner:
     def settings(self, writes: pb.WriteSettings | None) -> None:
         if writes is None:
             return  # an aggregator before 0.3.0: the flags decide
+        self._learn_lease(writes.lease)
         rules = rules_from(writes)
         why = self.core.learned(rules)
         if why is not None:
@@ -114,10 +127,37 @@ class FallbackRunner:
             else:
                 log.info("when no aggregator answers, this agent will write %s", rules)
 
+    def _learn_lease(self, text: str) -> None:
+        try:
+            name = LeaseName.parse(text)
+        except ValueError as error:
+            self._say_once(logging.ERROR, f"ignoring the aggregator's Lease {text!r}: {error}")
+            name = None
+        self.core.learned_lease(name)
+
     def accepted(self) -> None:
         self._log(self.core.stream_up())
         self._stop_following()
+        self._stop_lease()
         self._wake.set()
+
+    # -- LeaseListener ---------------------------------------------------------------------
+
+    def lease_seen(self, name: LeaseName, record: LeaseSeen | None) -> None:
+        gate = self.core.lease
+        if gate is None or gate.name != name:
+            return
+        if record is None:
+            gate.absent()
+        else:
+            gate.seen(record)
+        self._wake.set()
+
+    def lease_unreadable(self, name: LeaseName) -> None:
+        gate = self.core.lease
+        if gate is not None and gate.name == name:
+            gate.unreadable()
+            self._wake.set()
 
     def ended(self) -> None:
         self.core.stream_down()
@@ -151,29 +191,65 @@ class FallbackRunner:
                     async with asyncio.timeout(timeout):
                         await self._wake.wait()
                 self._wake.clear()
-                began = self.core.tick()
-                if began is not None:
-                    await self._begin(began)
+                change = self.core.tick()
+                if change is not None and change.new is FALLBACK:
+                    await self._begin(change)
+                elif change is not None:  # the Lease is renewed again: an aggregator is back
+                    self._log(change)
+                    self._stop_following()
+                await self._read_lease()
                 if self._writer is not None:
                     for write in self.core.decide():
                         self._writer.submit(write)
         finally:
-            following = self._follow_task
+            following, leasing = self._follow_task, self._lease_task
             self._stop_following()
-            for task in (following, self._writer_task):
+            self._stop_lease()
+            for task in (following, leasing, self._writer_task):
                 if task is not None:
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
 
-    async def _begin(self, began: FallbackChange) -> None:
-        self._log(began)
+    async def _writer_now(self) -> WriterLike | None:
+        """The writer (and its client), made the first time it is needed."""
         if self._writer is None:
             self._writer = await self._open_writer(self.core)
             if self._writer is None:
-                return
+                return None
             self._writer_task = asyncio.create_task(self._writer.run(), name="fallback writer")
-        own, writer = self._own_pod, self._writer
+        return self._writer
+
+    async def _read_lease(self) -> None:
+        """Watch the Lease while the decider wants it read (no stream, fallback due but for
+        it, or under way); stop when it no longer does, or names another Lease."""
+        gate = self.core.lease
+        if self._lease_task is not None and (gate is None or not self.core.lease_wanted()):
+            self._stop_lease()
+        if gate is None or self._lease_task is not None or not self.core.lease_wanted():
+            return
+        if gate.judged is Judged.OPEN and self._writer is None:
+            return  # no client to read it with (said once)
+        writer = await self._writer_now()
+        if writer is None:
+            self.lease_unreadable(gate.name)  # no client: as before the gate
+            return
+        if self.core.lease_wanted() and self._lease_task is None:
+            self._lease_task = asyncio.create_task(
+                writer.follow_lease(gate.name, self), name="fallback lease"
+            )
+
+    def _stop_lease(self) -> None:
+        if self._lease_task is not None:
+            self._lease_task.cancel()
+            self._lease_task = None
+
+    async def _begin(self, began: FallbackChange) -> None:
+        self._log(began)
+        writer = await self._writer_now()
+        if writer is None:
+            return
+        own = self._own_pod
         # (Fallback may have ended while the writer was made.)
         if own is not None and self._follow_task is None and self.core.phase is FALLBACK:
             self._follow_task = asyncio.create_task(self._follow(writer, own), name="own pod")
@@ -215,6 +291,17 @@ class FallbackRunner:
                 pods,
                 "" if pods == 1 else "s",
                 self.core.rules,
+            )
+        elif (
+            transition.old is FallbackPhase.FALLBACK
+            and self.core.lease is not None
+            and (transition.new is FallbackPhase.WAITING)
+        ):
+            log.warning(
+                "%s is renewed again after %.1fs of fallback: an aggregator is back, no longer "
+                "writing for my pods",
+                self.core.lease.describe(),
+                transition.seconds,
             )
         elif transition.old is FallbackPhase.FALLBACK:
             log.warning(

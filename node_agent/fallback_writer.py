@@ -28,7 +28,10 @@ from typing import Any
 
 from node_agent.fallback import Fallback, FallbackPhase
 from node_agent.fallback_rules import Kind, PodFacts, Write
+from node_agent.fallback_runner import LeaseListener
 from node_agent.flags import AgentFlags
+from node_agent.lease_gate import LeaseName
+from node_agent.lease_watch import follow_lease
 from node_agent.sink import MetricsSink
 from servehealth_common import fallback_marks as marks
 from servehealth_common.backoff import Backoff
@@ -179,6 +182,10 @@ class FallbackWriter:
                 seen(facts)
         finally:
             watch.stop()
+
+    async def follow_lease(self, name: LeaseName, to: LeaseListener) -> None:
+        """The aggregator's Lease, while no stream is up (:mod:`node_agent.lease_watch`)."""
+        await follow_lease(self.client, name, to, self._rng)
 
     async def read_pod(self, key: PodKey) -> PodFacts | None:
         """The pod as the API shows it now (a sidecar that may not watch it), retried like a

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from node_agent.fallback_rules import FALLBACK_WRITES, WriteRules, refusal, rules_from_flags
+from node_agent.lease_gate import LeaseName
 from node_agent.token import DEFAULT_TOKEN_FILE
 from servehealth_common import flags as shared
 from servehealth_common.config import check_listen_address, setting
@@ -180,6 +181,15 @@ class AgentFlags:
         "ray.io/serve-proxy-healthy",
         "The readiness-gate condition --fallback-write condition (or both) writes on pods/status.",
     )
+    fallback_lease: str = setting(
+        "",
+        "NAMESPACE/NAME of the aggregators' leader-election Lease: while it is renewed (an "
+        "aggregator leads, whether or not it accepts this agent), the agent does not fall "
+        "back, and a fallback under way stops at once. Read (get and watch on that one Lease) "
+        "only while no stream is up. The last aggregator's settings win once received. Empty: "
+        "no gate (aggregators without --leader-elect).",
+        shown="(the aggregator's)",
+    )
     metrics_listen: str = setting(
         "",
         "HOST:PORT of the agent's plaintext HTTP endpoint: /livez (its loops run and its "
@@ -226,6 +236,7 @@ class AgentFlags:
             raise ValueError("--stall-timeout must not be negative")
         if self.fallback_after < 0:
             raise ValueError("--fallback-after must not be negative (0: no fallback)")
+        LeaseName.parse(self.fallback_lease)  # raises ValueError: not namespace/name
         rules = self.fallback_rules
         if rules is not None and (why := refusal(rules)) is not None:
             raise ValueError(f"--fallback-write {self.fallback_write}: {why}")

@@ -42,18 +42,7 @@ class KubeApi(KubeClient):
 
     # -- leases (leader election) ----------------------------------------------------------
 
-    @functools.cached_property
-    def coordination(self) -> client.CoordinationV1Api:
-        """``coordination.k8s.io/v1``, on the same connection pool and thread pool."""
-        return client.CoordinationV1Api(self._client)
-
-    async def get_lease(self, namespace: str, name: str) -> dict[str, Any]:
-        return await self._call(
-            f"get lease {namespace}/{name}",
-            self.coordination.read_namespaced_lease,
-            name,
-            namespace,
-        )
+    # (coordination and get_lease: the agents read the Lease too, :class:`KubeClient`.)
 
     async def create_lease(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         """Create a Lease (409 if it exists)."""

@@ -249,6 +249,50 @@ class KubeClient:
         except Exception as error:
             raise wrap(error, what) from error
 
+    # -- the leader election's Lease (the aggregator's, read by agents without a stream) ----
+
+    @functools.cached_property
+    def coordination(self) -> client.CoordinationV1Api:
+        """``coordination.k8s.io/v1``, on the same connection pool and thread pool."""
+        return client.CoordinationV1Api(self._client)
+
+    async def get_lease(self, namespace: str, name: str) -> dict[str, Any]:
+        return await self._call(
+            f"get lease {namespace}/{name}",
+            self.coordination.read_namespaced_lease,
+            name,
+            namespace,
+        )
+
+    def watch_lease(
+        self, namespace: str, name: str, resource_version: str, timeout_seconds: int
+    ) -> Iterator[dict[str, Any]]:
+        """Watch events of one Lease (field selector ``metadata.name``: RBAC ``watch`` with
+        ``resourceNames`` allows it, no ``list`` needed); a blocking generator, as
+        :meth:`watch_pods`."""
+        what = f"watch lease {namespace}/{name}"
+        try:
+            response = self.coordination.list_namespaced_lease(
+                namespace,
+                field_selector=f"metadata.name={name}",
+                watch=True,
+                resource_version=resource_version or None,
+                timeout_seconds=timeout_seconds,
+                _preload_content=False,
+                _request_timeout=(self.timeout, timeout_seconds + 10),
+            )
+            try:
+                for line in iter_resp_lines(response):
+                    if line and not line.isspace():
+                        yield json.loads(line)
+            finally:
+                response.close()
+                response.release_conn()
+        except APIError:
+            raise
+        except Exception as error:
+            raise wrap(error, what) from error
+
     async def get_pod(self, key: PodKey) -> dict[str, Any]:
         return await self._call(
             f"get pod {key}", self.core.read_namespaced_pod, key.name, key.namespace

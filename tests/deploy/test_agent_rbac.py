@@ -21,11 +21,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import yaml
 
 from aggregator.flags import AggregatorFlags
 from aggregator.wiring import write_settings
 from servehealth_common.config import load
-from tests.deploy.manifests import environment, find, render
+from tests.deploy.manifests import ROOT, environment, find, render
 from tests.deploy.test_rbac import (
     AGENT,
     AGENT_READS,
@@ -43,6 +44,8 @@ AGGREGATOR = "ray-serve-health-aggregator"
 LABEL_WRITE = CALLS["patch_pod"]
 CONDITION_WRITE = CALLS["patch_pod_status"]
 EVENTS = CALLS["create_event"]
+# The agents' read of the aggregator's Lease while they have no stream (issue 26).
+LEASE_READS = CALLS["get_lease"] | CALLS["watch_lease"]
 INSTALLS = [
     "deploy/overlays/label-mode",
     "deploy/overlays/readiness-gate-mode",
@@ -82,11 +85,43 @@ def fallback_writes(objects: list[dict[str, Any]]) -> set[Permission]:
 
 @pytest.mark.parametrize("directory", INSTALLS)
 def test_the_agents_may_write_exactly_what_their_aggregator_lets_them(directory: str) -> None:
+    """... and, where they may write, read the aggregator's Lease in its namespace (issue 26:
+    they fall back only while no aggregator renews it)."""
     objects = render(directory)
     by_scope = grants(objects, AGENT)
     expected = AGENT_READS | fallback_writes(objects)
     scopes = NAMESPACED.get(directory, (ALL,))
-    assert by_scope == {scope: expected for scope in scopes}
+    wanted = {scope: expected for scope in scopes}
+    if fallback_writes(objects):
+        wanted[aggregator_namespace(objects)] = LEASE_READS
+    assert by_scope == wanted
+
+
+def aggregator_namespace(objects: list[dict[str, Any]]) -> str:
+    return str(find(objects, "ServiceAccount", AGGREGATOR)["metadata"]["namespace"])
+
+
+@pytest.mark.parametrize("directory", INSTALLS)
+def test_the_agents_read_the_one_lease_their_aggregator_renews(directory: str) -> None:
+    """The Lease rules name exactly the aggregator's --leader-elect-lease-name, and it runs
+    with --leader-elect (else the settings name no Lease, and the grant is useless)."""
+    objects = render(directory)
+    if not fallback_writes(objects):
+        return
+    flags = aggregator_flags(objects)
+    assert flags.leader_elect
+    roles = [o for o in objects if o["kind"] == "Role" and o["metadata"]["name"].startswith(AGENT)]
+    assert roles
+    for role in roles:
+        assert role["metadata"]["namespace"] == aggregator_namespace(objects)
+        assert role["rules"] == [
+            {
+                "apiGroups": ["coordination.k8s.io"],
+                "resources": ["leases"],
+                "resourceNames": [flags.leader_elect_lease_name],
+                "verbs": ["get", "watch"],
+            }
+        ]
 
 
 def test_fallback_is_on_where_the_docs_say() -> None:
@@ -123,6 +158,7 @@ def test_in_the_namespaced_overlay_the_agents_write_in_the_ray_namespaces_only()
         for o in objects
         if o["kind"] in {"RoleBinding", "ClusterRoleBinding"}
         and o["metadata"]["name"].startswith(f"{AGENT}-")
+        and not o["metadata"]["name"].startswith(f"{AGENT}-lease-")  # the Lease's reads
     ]
     assert [(o["kind"], o["metadata"]["namespace"]) for o in writers] == [("RoleBinding", "ray")]
 
@@ -144,3 +180,25 @@ def test_the_sidecar_example_grants_its_pods_the_sidecars_fallback() -> None:
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account}]
     assert rules_of(role) == CALLS["get_pod"] | AGENT_READS | CONDITION_WRITE | EVENTS
     assert not [o for o in objects if o["kind"] in {"ClusterRole", "ClusterRoleBinding"}]
+
+
+def test_the_sidecar_example_grants_the_lease_in_the_aggregators_namespace() -> None:
+    """lease-rbac.yaml (applied apart, in the aggregator's namespace): get and watch on the
+    one Lease the aggregators renew, for the Ray pods' account in their namespace."""
+    text = (ROOT / "deploy/examples/rayservice-sidecar/lease-rbac.yaml").read_text()
+    role, binding = yaml.safe_load_all(text)
+    account = find(render("deploy/examples/rayservice-sidecar"), "ServiceAccount")
+    lease = AggregatorFlags().leader_elect_lease_name
+    assert role["rules"] == [
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": [lease],
+            "verbs": ["get", "watch"],
+        }
+    ]
+    assert rules_of(role) == LEASE_READS
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    [subject] = binding["subjects"]
+    assert subject["name"] == account["metadata"]["name"]
+    assert subject["namespace"]  # the Ray namespace: not the RoleBinding's own

@@ -35,6 +35,8 @@ Permission = tuple[str, str, str]  # (API group, resource, verb); "" is the core
 
 # Public methods that make no API call.
 NO_API_CALL = {"close", "drain"}
+# Calls of the shared client only agents make: never granted to the aggregator.
+AGENT_ONLY = {"watch_lease"}
 # Each public method that calls the API, and what it needs.
 CALLS: dict[str, set[Permission]] = {
     # KubeClient: discovery (the aggregator) and the pods of a node (the DaemonSet agent).
@@ -51,6 +53,8 @@ CALLS: dict[str, set[Permission]] = {
     "get_lease": {("coordination.k8s.io", "leases", "get")},
     "create_lease": {("coordination.k8s.io", "leases", "create")},
     "replace_lease": {("coordination.k8s.io", "leases", "update")},
+    # KubeClient: the agents' read of that Lease while they have no stream (issue 26).
+    "watch_lease": {("coordination.k8s.io", "leases", "watch")},
 }
 # Resources the aggregator uses only in its own namespace: granted by a Role there (least
 # privilege), not by the ClusterRole.
@@ -85,7 +89,8 @@ def public_methods(cls: type) -> set[str]:
 
 
 def needed(cls: type) -> set[Permission]:
-    return set().union(*(CALLS[name] for name in public_methods(cls) - NO_API_CALL))
+    names = public_methods(cls) - NO_API_CALL - AGENT_ONLY
+    return set().union(*(CALLS[name] for name in names))
 
 
 def derived(method: object) -> set[Permission]:
@@ -168,7 +173,8 @@ def rules_of(role: dict) -> set[Permission]:
     permissions = set()
     for rule in role["rules"]:
         assert "*" not in rule["apiGroups"] + rule["resources"] + rule["verbs"], rule
-        assert not rule.get("resourceNames"), rule
+        # Only the agents' read of the aggregator's Lease names its object (issue 26).
+        assert not rule.get("resourceNames") or rule["resources"] == ["leases"], rule
         assert not rule.get("nonResourceURLs"), rule
         for group in rule["apiGroups"]:
             for resource in rule["resources"]:
@@ -252,7 +258,7 @@ def test_the_clients_build_only_the_tabled_api_objects() -> None:
     """``derived`` reads the calls of the API objects in ``API_OBJECTS``; another would need
     its own entry there (and its group's rules in the roles)."""
     text = (ROOT / "servehealth_common/kube/client.py").read_text()
-    assert re.findall(API_OBJECT, text) == ["CoreV1Api("]
+    assert re.findall(API_OBJECT, text) == ["CoreV1Api(", "CoordinationV1Api("]
     tabled = {f"{name}(" for _, name in API_OBJECTS.values()}
     assert set(re.findall(API_OBJECT, (ROOT / "aggregator/kube/api.py").read_text())) <= tabled
 
@@ -328,7 +334,13 @@ def test_agent_role_is_exactly_what_its_pod_watch_calls() -> None:
 
 @pytest.mark.parametrize("directory", sorted(d for d in INSTALLS if "examples" not in d))
 def test_agents_read_pods_cluster_wide_or_per_ray_namespace(directory: str) -> None:
-    by_scope = grants(render(directory), AGENT)
+    objects = render(directory)
+    by_scope = grants(objects, AGENT)
     scopes = NAMESPACED.get(directory, (ALL,))
+    # Where agents may fall back, they read the aggregator's Lease in its namespace too
+    # (tests/deploy/test_agent_rbac.py).
+    own = find(objects, "ServiceAccount", AGGREGATOR)["metadata"]["namespace"]
+    leases = by_scope.pop(own, set())
+    assert {p[1] for p in leases} <= {"leases"}
     assert set(by_scope) == set(scopes)
     assert all(by_scope[scope] >= AGENT_READS for scope in scopes)

@@ -129,7 +129,7 @@ class AgentSettings(_message.Message):
     def __init__(self, heartbeat_interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., resync_interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., reports_per_change: _Optional[int] = ..., reports_per_failure: _Optional[int] = ..., writes: _Optional[_Union[WriteSettings, _Mapping]] = ...) -> None: ...
 
 class WriteSettings(_message.Message):
-    __slots__ = ("label", "label_key", "condition", "condition_type", "failure_threshold", "success_threshold", "fallback")
+    __slots__ = ("label", "label_key", "condition", "condition_type", "failure_threshold", "success_threshold", "fallback", "lease")
     LABEL_FIELD_NUMBER: _ClassVar[int]
     LABEL_KEY_FIELD_NUMBER: _ClassVar[int]
     CONDITION_FIELD_NUMBER: _ClassVar[int]
@@ -137,6 +137,7 @@ class WriteSettings(_message.Message):
     FAILURE_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
     SUCCESS_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
     FALLBACK_FIELD_NUMBER: _ClassVar[int]
+    LEASE_FIELD_NUMBER: _ClassVar[int]
     label: bool
     label_key: str
     condition: bool
@@ -144,7 +145,8 @@ class WriteSettings(_message.Message):
     failure_threshold: int
     success_threshold: int
     fallback: bool
-    def __init__(self, label: _Optional[bool] = ..., label_key: _Optional[str] = ..., condition: _Optional[bool] = ..., condition_type: _Optional[str] = ..., failure_threshold: _Optional[int] = ..., success_threshold: _Optional[int] = ..., fallback: _Optional[bool] = ...) -> None: ...
+    lease: str
+    def __init__(self, label: _Optional[bool] = ..., label_key: _Optional[str] = ..., condition: _Optional[bool] = ..., condition_type: _Optional[str] = ..., failure_threshold: _Optional[int] = ..., success_threshold: _Optional[int] = ..., fallback: _Optional[bool] = ..., lease: _Optional[str] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ("sequence",)

@@ -1,0 +1,114 @@
+"""The agent's read of the aggregator's Lease while it has no stream (issue 26): a ``get`` of
+that one Lease, then a ``watch`` of it from the resourceVersion read (field selector
+``metadata.name``), renewed every ``WATCH_TIMEOUT`` seconds. An agent needs ``get`` and
+``watch`` on that one Lease only (RBAC ``resourceNames``): no ``list``.
+
+One request per agent per ``WATCH_TIMEOUT`` seconds while it waits or falls back (11,000
+agents: ~37 requests/s), none while its stream is up. Errors are retried with capped, jittered
+backoff (1 s up to 60 s); each tells the listener the Lease is unreadable (which opens the gate
+only if it was never read: :mod:`node_agent.lease_gate`).
+
+The official client is synchronous: the watch runs in a daemon thread and hands events to the
+loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import threading
+from typing import Any
+
+from node_agent.fallback_runner import LeaseListener
+from node_agent.lease_gate import LeaseName, LeaseSeen
+from servehealth_common.backoff import Backoff
+from servehealth_common.kube.client import KubeClient
+from servehealth_common.kube.errors import APIError, APIGoneError, APINotFoundError
+
+log = logging.getLogger(__name__)
+
+WATCH_TIMEOUT = 300
+RETRY_BASE, RETRY_CAP = 1.0, 60.0
+
+
+async def follow_lease(
+    kube: KubeClient, name: LeaseName, to: LeaseListener, rng: random.Random
+) -> None:
+    """Until cancelled: what the Lease shows, to ``to``."""
+    backoff, trouble = Backoff(base=RETRY_BASE, cap=RETRY_CAP, rng=rng), ""
+    while True:
+        try:
+            version = await _get(kube, name, to)
+            if trouble:
+                log.info("Lease %s is readable again", name)
+                trouble = ""
+            backoff.reset()
+            await _watch(kube, name, version, to)
+        except APIGoneError:
+            continue  # the watch's version is too old: read it again
+        except APIError as error:
+            if str(error) != trouble:
+                trouble = str(error)
+                log.warning("cannot read Lease %s (%s): retrying", name, error)
+            to.lease_unreadable(name)
+            await asyncio.sleep(backoff.next())
+
+
+async def _get(kube: KubeClient, name: LeaseName, to: LeaseListener) -> str:
+    """The Lease now (to ``to``) and its resourceVersion ("" if it does not exist)."""
+    try:
+        body = await kube.get_lease(name.namespace, name.name)
+    except APINotFoundError:
+        to.lease_seen(name, None)
+        return ""
+    to.lease_seen(name, LeaseSeen.from_lease(body))
+    return str((body.get("metadata") or {}).get("resourceVersion", ""))
+
+
+async def _watch(kube: KubeClient, name: LeaseName, version: str, to: LeaseListener) -> None:
+    """One watch, until the server ends it (``WATCH_TIMEOUT``) or it fails; read by a daemon
+    thread (it never holds up the agent's exit), its events handed to this loop."""
+    loop, stopping = asyncio.get_running_loop(), threading.Event()
+    queue: asyncio.Queue[Any] = asyncio.Queue()
+
+    def post(item: Any) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody listens
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+
+    def pump() -> None:
+        try:
+            for event in kube.watch_lease(name.namespace, name.name, version, WATCH_TIMEOUT):
+                if stopping.is_set():
+                    break
+                post(event)
+        except BaseException as error:
+            post(error)
+        finally:
+            post(_END)
+
+    threading.Thread(target=pump, name="watch-lease", daemon=True).start()
+    try:
+        while (item := await queue.get()) is not _END:
+            if isinstance(item, BaseException):
+                raise item
+            _tell(name, item, to)
+    finally:
+        stopping.set()
+
+
+def _tell(name: LeaseName, event: dict[str, Any], to: LeaseListener) -> None:
+    kind = event.get("type")
+    if kind in ("ADDED", "MODIFIED"):
+        to.lease_seen(name, LeaseSeen.from_lease(event.get("object") or {}))
+    elif kind == "DELETED":
+        to.lease_seen(name, None)
+    elif kind == "ERROR":
+        status = event.get("object") or {}
+        if status.get("code") == 410:
+            raise APIGoneError(f"watch lease {name}: its resourceVersion is too old", 410)
+        raise APIError(f"watch lease {name}: {status.get('message', status)}")
+
+
+_END = object()

@@ -1,0 +1,146 @@
+"""The Lease gate of the agents' fallback, with the real programs (issue 26): a real
+``serve-health-aggregator --leader-elect`` and ``serve-health-agent`` sidecars on the
+Kubernetes API emulator, ``--fallback-after 2s``. Agents fall back only when no aggregator
+renews the Lease (``--fallback-lease``), whatever they can or cannot reach.
+
+- Bug 5: an aggregator that refuses the agent's stream (``--auth tokenreview``, the agent has
+  no token: UNAUTHENTICATED) renews its Lease: the agent writes nothing, however long.
+- The hand-over (bug 4, the agent's side): an agent in fallback (no aggregator, no Lease)
+  stops writing at once when an aggregator renews the Lease again, before any stream of it is
+  accepted (here: never).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from bench import harness
+from tests.conftest import eventually
+from tests.fakes import HEALTHY
+from tests.kube.agent_processes import (
+    FAILING,
+    FALLBACK_AFTER,
+    FALLBACK_BEGAN,
+    GATE,
+    ProxyPool,
+    add_pod,
+    by_agent,
+    condition,
+    more_probes,
+    spawn_sidecar,
+    stop_all,
+    writes_by,
+)
+from tests.kube.emulator import KubeEmulator
+
+LEASE = "default/ray-serve-health-aggregator"
+#: The agent is refused (no token): each attempt logs this.
+REFUSED = re.compile(r"UNAUTHENTICATED|unauthenticated|no token|refused", re.IGNORECASE)
+RENEWED_AGAIN = re.compile(r"Lease \S+ .*is renewed again after [\d.]+s of fallback")
+READY = [{"type": "Ready", "status": "True"}, {"type": GATE, "status": "True"}]
+WRITE = ("--fallback-write=condition", f"--fallback-lease={LEASE}")
+
+
+@pytest.fixture
+async def proxies() -> AsyncIterator[ProxyPool]:
+    pool = ProxyPool()
+    yield pool
+    await pool.stop()
+
+
+@pytest.fixture
+def processes() -> Iterator[list[harness.Process]]:
+    running: list[harness.Process] = []
+    yield running
+    stop_all(running)
+
+
+def refusing_aggregator(
+    tmp_path: Path, kubeconfig: Path, port: int | None = None
+) -> harness.AggregatorProcess:
+    """An aggregator that leads (its Lease renewed) and refuses agents without a token."""
+    return harness.start_aggregator(
+        tmp_path / "aggregator",
+        port,
+        [
+            "--kube-backend=kubernetes",
+            f"--kubeconfig={kubeconfig}",
+            "--auth=tokenreview",
+            "--mode=condition",
+            "--agent-fallback=on",
+            "--leader-elect=true",
+            "--leader-elect-namespace=default",
+        ],
+    )
+
+
+def read_lease(kube: KubeEmulator) -> bool:
+    return any(by_agent(call) for call in kube.requests("GET", resource="leases"))
+
+
+def lease_held(kube: KubeEmulator) -> bool:
+    lease = kube.lease("default", "ray-serve-health-aggregator")
+    return bool(lease and (lease.get("spec") or {}).get("holderIdentity"))
+
+
+async def test_an_agent_refused_while_the_lease_is_renewed_never_falls_back(
+    kube_emulator: KubeEmulator,
+    kubeconfig_path: Path,
+    proxies: ProxyPool,
+    processes: list[harness.Process],
+    tmp_path: Path,
+) -> None:
+    kube = kube_emulator
+    [proxy] = await proxies.start(1)
+    pod = add_pod(kube, "worker", proxy, readiness_gates=[GATE], conditions=READY)
+    aggregator = await asyncio.to_thread(refusing_aggregator, tmp_path, kubeconfig_path)
+    processes.append(aggregator)
+    await eventually(lambda: lease_held(kube), 20)
+    agent = spawn_sidecar(tmp_path, aggregator.address, proxy, pod, kubeconfig_path, *WRITE)
+    processes.append(agent)
+    proxy.set(FAILING)  # an agent in fallback would write False within a probe or two
+
+    await more_probes(proxy, 5 * FALLBACK_AFTER)  # well past --fallback-after
+    if FALLBACK_BEGAN.search(agent.log_text()):
+        # Fell back after all: let its write land, so that the failure below shows it.
+        with contextlib.suppress(AssertionError):
+            await eventually(lambda: writes_by(kube, agent=True), 20)
+    assert REFUSED.search(agent.log_text()), agent.tail()
+    assert writes_by(kube, agent=True) == [], agent.tail()
+    assert read_lease(kube), "the agent never read the Lease"
+    assert not FALLBACK_BEGAN.search(agent.log_text()), agent.tail()
+
+
+async def test_fallback_stops_at_once_when_an_aggregator_renews_the_lease_again(
+    kube_emulator: KubeEmulator,
+    kubeconfig_path: Path,
+    proxies: ProxyPool,
+    processes: list[harness.Process],
+    tmp_path: Path,
+) -> None:
+    kube = kube_emulator
+    [proxy] = await proxies.start(1)
+    pod = add_pod(kube, "worker", proxy, readiness_gates=[GATE], conditions=READY)
+    port = harness.free_port()
+    address = f"{harness.HOST}:{port}"  # nothing there yet, and no Lease
+    agent = spawn_sidecar(tmp_path, address, proxy, pod, kubeconfig_path, *WRITE)
+    processes.append(agent)
+    proxy.set(FAILING)
+    await eventually(lambda: condition(kube, "worker") == "False", 30)  # the agent's fallback
+    assert FALLBACK_BEGAN.search(agent.log_text()), agent.tail()
+
+    aggregator = await asyncio.to_thread(refusing_aggregator, tmp_path, kubeconfig_path, port)
+    processes.append(aggregator)
+    await eventually(lambda: RENEWED_AGAIN.search(agent.log_text()), 20)
+    since = asyncio.get_running_loop().time()
+    proxy.set(HEALTHY)  # in fallback the agent would now write True
+    await more_probes(proxy, 5 * FALLBACK_AFTER)
+    assert writes_by(kube, agent=True, since=since) == [], agent.tail()
+    assert FALLBACK_BEGAN.search(agent.log_text()) is not None
+    assert len(FALLBACK_BEGAN.findall(agent.log_text())) == 1, agent.tail()
