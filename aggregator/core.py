@@ -186,6 +186,17 @@ class Core:
                 "Taken from the condition the pod carried at start (no proxy by design).",
             )
 
+    def agent_wrote(self, key: PodKey, label: str | None) -> None:
+        """An agent's fallback write, seen in the startup grace before any observation of the
+        pod (its agent still reconnecting): newer than what the pod was seeded from, so it is
+        seeded again from ``label``, what it carries now, rather than repaired back to an older
+        view (issue 26, bug 4: no flap at the hand-over). Its first report decides after that."""
+        record = self._tracker.get(key)
+        if record is None or record.observed_at is not None or not self._tracker.in_grace():
+            return
+        state = ServeState.SERVING if label == "true" else ServeState.UNKNOWN
+        self._tracker.seed(key, state, "Taken from an agent's fallback write (no report yet).")
+
     def pod_gone(self, key: PodKey) -> None:
         if key in self._tracker:
             log.info("pod %s deleted; forgetting it", key)

@@ -31,6 +31,9 @@ class PodSink(Protocol):
         """A pod exists (new or changed); ``label`` is the serve label it carries now;
         ``by_design``: it carries the condition of a pod with no proxy by design."""
 
+    def agent_wrote(self, key: PodKey, label: str | None) -> None:
+        """An agent's fallback write arrived (a new mark); ``label`` as in :meth:`pod_seen`."""
+
     def pod_gone(self, key: PodKey) -> None:
         """A pod was deleted: forget it, write nothing to it."""
 

@@ -305,6 +305,8 @@ class KubeRegistry(PodRegistry):
         said += ["true" if condition == "True" else None] if gated else []
         label = "true" if said and all(value == "true" for value in said) else None
         self._sink.pod_seen(pod.info, label, by_design=by_design)
+        if known is not None and pod.fallback_mark not in (None, known.fallback_mark):
+            self._sink.agent_wrote(pod.key, label)  # newer than the seed: no repair back
         if pod.head and pod.cluster:
             self.serve_views.head_seen((pod.key.namespace, pod.cluster), self._dashboard(pod))
         before = known.override if known is not None else None
