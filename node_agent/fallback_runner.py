@@ -102,6 +102,7 @@ class FallbackRunner:
         self._writer_task: asyncio.Task[None] | None = None
         self._follow_task: asyncio.Task[None] | None = None  # a sidecar's watch of its pod
         self._lease_task: asyncio.Task[None] | None = None  # the Lease's watch, without stream
+        self._leased: LeaseName | None = None  # the Lease it watches
         self._said: set[str] = set()  # refusals already logged
         self._told_rules: object = ()  # the rules last logged
         metrics.fallback_clock(core.seconds_in_fallback)
@@ -224,7 +225,9 @@ class FallbackRunner:
         """Watch the Lease while the decider wants it read (no stream, fallback due but for
         it, or under way); stop when it no longer does, or names another Lease."""
         gate = self.core.lease
-        if self._lease_task is not None and (gate is None or not self.core.lease_wanted()):
+        if self._lease_task is not None and (
+            gate is None or gate.name != self._leased or not self.core.lease_wanted()
+        ):
             self._stop_lease()
         if gate is None or self._lease_task is not None or not self.core.lease_wanted():
             return
@@ -235,6 +238,7 @@ class FallbackRunner:
             self.lease_unreadable(gate.name)  # no client: as before the gate
             return
         if self.core.lease_wanted() and self._lease_task is None:
+            self._leased = gate.name
             self._lease_task = asyncio.create_task(
                 writer.follow_lease(gate.name, self), name="fallback lease"
             )

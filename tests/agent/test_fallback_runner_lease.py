@@ -153,3 +153,15 @@ async def test_the_aggregators_settings_name_the_lease(rig: Rig) -> None:
     rig.wake()
     await eventually(lambda: rig.core.phase is FallbackPhase.FALLBACK, 5)
     assert rig.writer.leases == []
+
+
+async def test_another_lease_named_is_watched_instead(rig: Rig) -> None:
+    rig.now += AFTER
+    rig.wake()
+    await eventually(lambda: rig.writer.leases, 5)
+    other = LeaseName("elsewhere", "aggregators")
+    rig.core.learned_lease(other)  # (settings come with a stream; the decider allows it anyway)
+    rig.wake()
+    await eventually(lambda: len(rig.writer.leases) == 2, 5)
+    assert rig.writer.leases[1][0] == other
+    assert rig.writer.cancelled == 1
