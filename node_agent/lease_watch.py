@@ -1,7 +1,8 @@
 """The agent's read of the aggregator's Lease while it has no stream (issue 26): a ``get`` of
 that one Lease, then a ``watch`` of it from the resourceVersion read (field selector
-``metadata.name``), renewed every ``WATCH_TIMEOUT`` seconds. An agent needs ``get`` and
-``watch`` on that one Lease only (RBAC ``resourceNames``): no ``list``.
+``metadata.name``), resumed every ``WATCH_TIMEOUT`` seconds (jittered) from the last version
+seen. An agent needs ``get`` and ``watch`` on that one Lease only (RBAC ``resourceNames``): no
+``list``.
 
 One request per agent per ``WATCH_TIMEOUT`` seconds while it waits or falls back (11,000
 agents: ~37 requests/s), none while its stream is up. Errors are retried with capped, jittered
@@ -23,32 +24,46 @@ from typing import Any
 
 from node_agent.fallback_runner import LeaseListener
 from node_agent.lease_gate import LeaseName, LeaseSeen
-from servehealth_common.backoff import Backoff
+from servehealth_common.backoff import Backoff, jittered
 from servehealth_common.kube.client import KubeClient
 from servehealth_common.kube.errors import APIError, APIGoneError, APINotFoundError
 
 log = logging.getLogger(__name__)
 
+#: The watch's server timeout, jittered by 10 %: one request per agent per ~5 minutes.
 WATCH_TIMEOUT = 300
+#: The first read of the Lease waits up to this many seconds (spread out).
+FIRST_READ_SPREAD = 2.0
 RETRY_BASE, RETRY_CAP = 1.0, 60.0
 
 
 async def follow_lease(
-    kube: KubeClient, name: LeaseName, to: LeaseListener, rng: random.Random
+    kube: KubeClient,
+    name: LeaseName,
+    to: LeaseListener,
+    rng: random.Random,
+    spread: float = FIRST_READ_SPREAD,
 ) -> None:
-    """Until cancelled: what the Lease shows, to ``to``."""
+    """Until cancelled: what the Lease shows, to ``to``. The first read waits up to ``spread``
+    seconds (agents that lost their aggregators together do not read all at once); a watch
+    that ends resumes from the last version seen, without a read."""
     backoff, trouble = Backoff(base=RETRY_BASE, cap=RETRY_CAP, rng=rng), ""
+    await asyncio.sleep(rng.uniform(0, spread))
+    version: str | None = None
     while True:
         try:
-            version = await _get(kube, name, to)
+            if version is None:
+                version = await _get(kube, name, to)
             if trouble:
                 log.info("Lease %s is readable again", name)
                 trouble = ""
             backoff.reset()
-            await _watch(kube, name, version, to)
+            seconds = round(jittered(WATCH_TIMEOUT, rng))
+            version = await _watch(kube, name, version, to, seconds)
         except APIGoneError:
-            continue  # the watch's version is too old: read it again
+            version = None  # the watch's version is too old: read it again
         except APIError as error:
+            version = None
             if str(error) != trouble:
                 trouble = str(error)
                 log.warning("cannot read Lease %s (%s): retrying", name, error)
@@ -67,9 +82,12 @@ async def _get(kube: KubeClient, name: LeaseName, to: LeaseListener) -> str:
     return str((body.get("metadata") or {}).get("resourceVersion", ""))
 
 
-async def _watch(kube: KubeClient, name: LeaseName, version: str, to: LeaseListener) -> None:
-    """One watch, until the server ends it (``WATCH_TIMEOUT``) or it fails; read by a daemon
-    thread (it never holds up the agent's exit), its events handed to this loop."""
+async def _watch(
+    kube: KubeClient, name: LeaseName, version: str, to: LeaseListener, seconds: int
+) -> str:
+    """One watch, until the server ends it (after ``seconds``) or it fails; read by a daemon
+    thread (it never holds up the agent's exit), its events handed to this loop. Returns the
+    last resourceVersion seen (to resume from)."""
     loop, stopping = asyncio.get_running_loop(), threading.Event()
     queue: asyncio.Queue[Any] = asyncio.Queue()
 
@@ -79,7 +97,7 @@ async def _watch(kube: KubeClient, name: LeaseName, version: str, to: LeaseListe
 
     def pump() -> None:
         try:
-            for event in kube.watch_lease(name.namespace, name.name, version, WATCH_TIMEOUT):
+            for event in kube.watch_lease(name.namespace, name.name, version, seconds):
                 if stopping.is_set():
                     break
                 post(event)
@@ -94,8 +112,11 @@ async def _watch(kube: KubeClient, name: LeaseName, version: str, to: LeaseListe
             if isinstance(item, BaseException):
                 raise item
             _tell(name, item, to)
+            metadata = (item.get("object") or {}).get("metadata") or {}
+            version = str(metadata.get("resourceVersion") or version)
     finally:
         stopping.set()
+    return version
 
 
 def _tell(name: LeaseName, event: dict[str, Any], to: LeaseListener) -> None:
