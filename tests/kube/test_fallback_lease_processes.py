@@ -4,7 +4,8 @@ Kubernetes API emulator, ``--fallback-after 2s``. Agents fall back only when no 
 renews the Lease (``--fallback-lease``), whatever they can or cannot reach.
 
 - Bug 5: an aggregator that refuses the agent's stream (``--auth tokenreview``, the agent has
-  no token: UNAUTHENTICATED) renews its Lease: the agent writes nothing, however long.
+  no token: UNAUTHENTICATED; or a pod it does not track: FAILED_PRECONDITION) renews its
+  Lease: the agent writes nothing, however long.
 - The hand-over (bug 4, the agent's side): an agent in fallback (no aggregator, no Lease)
   stops writing at once when an aggregator renews the Lease again, before any stream of it is
   accepted (here: never).
@@ -40,8 +41,8 @@ from tests.kube.agent_processes import (
 from tests.kube.emulator import KubeEmulator
 
 LEASE = "default/ray-serve-health-aggregator"
-#: The agent is refused (no token): each attempt logs this.
-REFUSED = re.compile(r"UNAUTHENTICATED|unauthenticated|no token|refused", re.IGNORECASE)
+#: The agent is refused: its log says how.
+REFUSED = re.compile(r"UNAUTHENTICATED|FAILED_PRECONDITION")
 RENEWED_AGAIN = re.compile(r"Lease \S+ .*is renewed again after [\d.]+s of fallback")
 READY = [{"type": "Ready", "status": "True"}, {"type": GATE, "status": "True"}]
 WRITE = ("--fallback-write=condition", f"--fallback-lease={LEASE}")
@@ -61,17 +62,25 @@ def processes() -> Iterator[list[harness.Process]]:
     stop_all(running)
 
 
+#: How a live aggregator refuses the agent's stream: its token (it has none), or its pod (one
+#: the aggregator does not track, as after a version skew in what is selected).
+REFUSALS = {
+    "unauthenticated": ("--auth=tokenreview",),
+    "unknown-pod": ("--auth=none", "--pod-selector=app=elsewhere"),
+}
+
+
 def refusing_aggregator(
-    tmp_path: Path, kubeconfig: Path, port: int | None = None
+    tmp_path: Path, kubeconfig: Path, port: int | None = None, how: str = "unauthenticated"
 ) -> harness.AggregatorProcess:
-    """An aggregator that leads (its Lease renewed) and refuses agents without a token."""
+    """An aggregator that leads (its Lease renewed) and refuses the agent's stream."""
     return harness.start_aggregator(
         tmp_path / "aggregator",
         port,
         [
             "--kube-backend=kubernetes",
             f"--kubeconfig={kubeconfig}",
-            "--auth=tokenreview",
+            *REFUSALS[how],
             "--mode=condition",
             "--agent-fallback=on",
             "--leader-elect=true",
@@ -89,17 +98,19 @@ def lease_held(kube: KubeEmulator) -> bool:
     return bool(lease and (lease.get("spec") or {}).get("holderIdentity"))
 
 
+@pytest.mark.parametrize("how", sorted(REFUSALS))
 async def test_an_agent_refused_while_the_lease_is_renewed_never_falls_back(
     kube_emulator: KubeEmulator,
     kubeconfig_path: Path,
     proxies: ProxyPool,
     processes: list[harness.Process],
     tmp_path: Path,
+    how: str,
 ) -> None:
     kube = kube_emulator
     [proxy] = await proxies.start(1)
     pod = add_pod(kube, "worker", proxy, readiness_gates=[GATE], conditions=READY)
-    aggregator = await asyncio.to_thread(refusing_aggregator, tmp_path, kubeconfig_path)
+    aggregator = await asyncio.to_thread(refusing_aggregator, tmp_path, kubeconfig_path, None, how)
     processes.append(aggregator)
     await eventually(lambda: lease_held(kube), 20)
     agent = spawn_sidecar(tmp_path, aggregator.address, proxy, pod, kubeconfig_path, *WRITE)
