@@ -2,13 +2,16 @@
 
 Two things, both keyed by a test's module:
 
-- **Groups.** The modules of one group run on one worker, one after the other in file order,
-  so that they share what is expensive to start: the session's Ray (``tests/e2e/conftest.py``,
-  package-scoped: it stops when its worker leaves tests/e2e) or the Rays in HAProxy mode, of
-  which no two then start at once. Every other test is a unit of its own and goes to whichever
-  worker is free.
+- **Units.** A module's tests run on one worker, so that what a module computes once (its
+  module-scoped fixtures, the renders of deploy/ its worker caches) is computed once: with a
+  test per unit instead, tests/deploy took 74 s of CPU on four workers instead of 65. The
+  modules of one group run on one worker, one after the other in file order, so that they share
+  what is expensive to start: the session's Ray (``tests/e2e/conftest.py``, package-scoped: it
+  stops when its worker leaves tests/e2e) or the Rays in HAProxy mode, of which no two then
+  start at once.
 - **Order.** The longest units are collected first (the groups, the demo, the process-heavy
   modules), so that no worker picks up a minute of work when the others are nearly done.
+  Modules of process tests that take long are listed here, longest first.
 
 xdist's own ``--dist loadgroup`` cannot be used for the groups: it renames a marked item's
 nodeid through ``item._nodeid``, which pytest 9.2 no longer reads (``Node.nodeid`` comes from
@@ -31,16 +34,26 @@ GROUPS: dict[str, str] = {
     "tests/e2e/test_haproxy_ray_grpc.py": "ray-haproxy",
 }
 
-#: Collected first, in this order (each a minute or more of one worker, or many real processes).
+#: Collected first, in this order: the longest units (minutes of one worker on a loaded machine,
+#: measured with ``--durations``), so that the others fill in around them.
 LONGEST_FIRST: tuple[str, ...] = (
     *GROUPS,
-    "tests/kube/test_mass_hang_processes.py",
-    "tests/bench/test_smoke.py",
-    "tests/e2e/test_demo.py",  # after the groups' Rays have started, not beside them
     "tests/kube/test_cleanup.py",
     "tests/kube/test_agent_fallback_processes.py",
-    "tests/kube/test_shadow_mode_processes.py",
+    "tests/deploy/test_schemas.py",
+    "tests/bench/test_smoke.py",
+    "tests/kube/test_mass_hang_processes.py",
+    "tests/aggregator/test_startup_errors.py",
+    "tests/deploy/test_agent_admission_policy.py",
+    "tests/kube/test_fallback_outage.py",
+    "tests/deploy/test_kustomize.py",
+    "tests/e2e/test_demo.py",  # after the groups' Rays have started, not beside them
     "tests/kube/test_agent_liveness.py",
+    "tests/unit/test_panic_trials.py",
+    "tests/kube/test_pull_fallback.py",
+    "tests/aggregator/test_pull_sweep.py",
+    "tests/aggregator/test_connection_flood.py",
+    "tests/kube/test_shadow_mode_processes.py",
     "tests/kube/test_failover.py",
 )
 
@@ -50,8 +63,9 @@ def module_of(nodeid: str) -> str:
 
 
 def unit_of(nodeid: str) -> str:
-    """The unit of work a test belongs to: its group, or the test itself."""
-    return GROUPS.get(module_of(nodeid), nodeid)
+    """The unit of work a test belongs to: its group, or its module."""
+    module = module_of(nodeid)
+    return GROUPS.get(module, module)
 
 
 def _rank(item: pytest.Item) -> int:
@@ -72,6 +86,10 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     if config.getoption("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadScopeScheduling
+
+    # Keep the collection's order (longest first): xdist would sort the units by their number
+    # of tests, which puts a module of 400 one-millisecond tests before a minute of Ray.
+    config.option.loadscopereorder = False
 
     class ModuleGroupScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:

@@ -28,9 +28,9 @@ def test_every_scheduled_module_exists(module: str) -> None:
     assert (ROOT / module).is_file(), module
 
 
-def test_a_group_is_one_unit_and_any_other_test_its_own() -> None:
+def test_a_group_is_one_unit_and_any_other_module_its_own() -> None:
     ray = "tests/e2e/test_ray_serve.py::test_pod_follows_the_real_serve_proxy"
     ingress = "tests/e2e/test_grpc_ingress.py::test_the_pod_serves_only_when_both_proxies_do"
     assert parallel.unit_of(ray) == parallel.unit_of(ingress) == "ray-session"
     lone = "tests/unit/test_wire.py::test_good_hellos"
-    assert parallel.unit_of(lone) == lone
+    assert parallel.unit_of(lone) == "tests/unit/test_wire.py"
