@@ -21,6 +21,7 @@ PROCESS_TESTS: tuple[str, ...] = (
     "tests/kube/test_agent_liveness.py",
     "tests/kube/test_cleanup.py",
     "tests/kube/test_failover.py",
+    "tests/kube/test_fallback_lease_processes.py",
     "tests/kube/test_fallback_outage.py",
     "tests/kube/test_kubeconfig_errors.py",
     "tests/kube/test_mass_hang_processes.py",

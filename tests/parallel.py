@@ -46,6 +46,7 @@ LONGEST_FIRST: tuple[str, ...] = (
     "tests/aggregator/test_startup_errors.py",
     "tests/deploy/test_agent_admission_policy.py",
     "tests/kube/test_fallback_outage.py",
+    "tests/kube/test_fallback_lease_processes.py",
     "tests/deploy/test_kustomize.py",
     "tests/e2e/test_demo.py",  # after the groups' Rays have started, not beside them
     "tests/kube/test_agent_liveness.py",

@@ -199,7 +199,7 @@ async def test_restart_with_1000_labelled_pods_writes_nothing(
             clock.advance(1.0)
             await send(call, batch([("default", n, SERVING) for n in reconnecting], second + 1))
             aggregator.core.expire()
-        await eventually(lambda: aggregator.registry.writer.pending == 0, timeout=10)
+        await eventually(lambda: aggregator.registry.writer.pending == 0, timeout=60)
         assert kube_emulator.requests("PATCH") == []
         assert state(aggregator, never_back[0]) is ServeState.SERVING  # still in grace
         # The end of the grace counts as the last word of every pod: one TTL more ...
