@@ -232,22 +232,10 @@ class KubeClient:
         }
         if field_selector:
             kwargs["field_selector"] = field_selector
-        try:
-            if namespace:
-                response = self.core.list_namespaced_pod(namespace, **kwargs)
-            else:
-                response = self.core.list_pod_for_all_namespaces(**kwargs)
-            try:
-                for line in iter_resp_lines(response):
-                    if line and not line.isspace():
-                        yield json.loads(line)
-            finally:
-                response.close()
-                response.release_conn()
-        except APIError:
-            raise
-        except Exception as error:
-            raise wrap(error, what) from error
+        if namespace:
+            yield from _watch_events(what, self.core.list_namespaced_pod, namespace, **kwargs)
+        else:
+            yield from _watch_events(what, self.core.list_pod_for_all_namespaces, **kwargs)
 
     # -- the leader election's Lease (the aggregator's, read by agents without a stream) ----
 
@@ -270,28 +258,17 @@ class KubeClient:
         """Watch events of one Lease (field selector ``metadata.name``: RBAC ``watch`` with
         ``resourceNames`` allows it, no ``list`` needed); a blocking generator, as
         :meth:`watch_pods`."""
-        what = f"watch lease {namespace}/{name}"
-        try:
-            response = self.coordination.list_namespaced_lease(
-                namespace,
-                field_selector=f"metadata.name={name}",
-                watch=True,
-                resource_version=resource_version or None,
-                timeout_seconds=timeout_seconds,
-                _preload_content=False,
-                _request_timeout=(self.timeout, timeout_seconds + 10),
-            )
-            try:
-                for line in iter_resp_lines(response):
-                    if line and not line.isspace():
-                        yield json.loads(line)
-            finally:
-                response.close()
-                response.release_conn()
-        except APIError:
-            raise
-        except Exception as error:
-            raise wrap(error, what) from error
+        yield from _watch_events(
+            f"watch lease {namespace}/{name}",
+            self.coordination.list_namespaced_lease,
+            namespace,
+            field_selector=f"metadata.name={name}",
+            watch=True,
+            resource_version=resource_version or None,
+            timeout_seconds=timeout_seconds,
+            _preload_content=False,
+            _request_timeout=(self.timeout, timeout_seconds + 10),
+        )
 
     async def get_pod(self, key: PodKey) -> dict[str, Any]:
         return await self._call(
@@ -326,3 +303,22 @@ class KubeClient:
         return await self._call(
             f"create event in {namespace}", self.core.create_namespaced_event, namespace, body
         )
+
+
+def _watch_events(what: str, call: Any, *args: Any, **kwargs: Any) -> Iterator[dict[str, Any]]:
+    """The events of one watch request (``call(*args, watch=True, _preload_content=False,
+    ...)``), one JSON object a line, until the server ends it; the response is closed and its
+    connection released however the caller stops. Errors leave as :class:`APIError`."""
+    try:
+        response = call(*args, **kwargs)
+        try:
+            for line in iter_resp_lines(response):
+                if line and not line.isspace():
+                    yield json.loads(line)
+        finally:
+            response.close()
+            response.release_conn()
+    except APIError:
+        raise
+    except Exception as error:
+        raise wrap(error, what) from error
