@@ -38,86 +38,40 @@ from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
 from servehealth_common import fallback_marks as marks
 from tests.conftest import eventually
 from tests.fakes import HEALTHY, FakeServeProxy, refused_port
-from tests.kube.emulator import ApiCall, KubeEmulator
+from tests.kube.agent_processes import (
+    AGENT_ARGS,
+    AGENT_UA,
+    FAILING,
+    FALLBACK_BEGAN,
+    GATE,
+    LABEL,
+    STARTED,
+    add_pod,
+    condition,
+    spawn_sidecar,
+    user_agent,
+    writes_by,
+)
+from tests.kube.emulator import KubeEmulator
 
-GATE = "ray.io/serve-proxy-healthy"
-LABEL = "ray.io/serve"
-LABELS = {"ray.io/node-type": "worker"}
-FALLBACK_AFTER = 2.0
-FAILING = (503, "Service Unavailable")
-AGENT_UA = "ray-serve-health-agent/"
-AGGREGATOR_UA = "ray-serve-health"
-WRITES = ("PATCH", "POST", "PUT", "DELETE")
-#: Faster probes than the default, so that the stories stay short.
-AGENT_ARGS = ("--interval=300ms", "--probe-timeout=200ms", f"--fallback-after={FALLBACK_AFTER}s")
-FALLBACK_BEGAN = re.compile(r"no aggregator for \d+s: writing for my \d+ pods? myself")
 ENDPOINT = re.compile(r"serving /livez, /readyz and /metrics on [^:\s]+:(\d+)")
 FALLBACK_SECONDS = "serve_health_agent_fallback_seconds"
 LABEL_WRITES = 'serve_health_agent_fallback_writes_total{kind="label",result="success"}'
-STARTED = re.compile(r"agent for pod \S+ on node")
 FALLBACK_ENDED = re.compile(r"an aggregator accepted the stream after .* of fallback")
 WROTE = re.compile(r"no aggregator: wrote ")
 #: How long a test waits for what real processes do: only a hang takes this long.
 WAIT = 30.0
 
 
-def user_agent(call: ApiCall) -> str:
-    return next((v for k, v in call.headers.items() if k.lower() == "user-agent"), "")
-
-
-def writes_by(kube: KubeEmulator, agent: bool, since: float = float("-inf")) -> list[ApiCall]:
-    """Write requests (PATCH, POST, ...) made by agents (or by the aggregator) since ``since``
-    (event-loop time)."""
-    return [
-        call
-        for method in WRITES
-        for call in kube.requests(method)
-        if call.at >= since
-        and (user_agent(call).startswith(AGENT_UA) if agent else user_agent(call) == AGGREGATOR_UA)
-    ]
-
-
 def condition_history(kube: KubeEmulator, name: str) -> list[tuple[str, str]]:
     """Every condition status PATCHed on the pod, in order, with who sent it."""
     history = []
     for call in kube.requests("PATCH", resource="pods", subresource="status", name=name):
-        for condition in (call.body or {}).get("status", {}).get("conditions", []):
-            if condition.get("type") == GATE:
+        for written in (call.body or {}).get("status", {}).get("conditions", []):
+            if written.get("type") == GATE:
                 who = "agent" if user_agent(call).startswith(AGENT_UA) else "aggregator"
-                history.append((who, condition["status"]))
+                history.append((who, written["status"]))
     return history
-
-
-def condition(kube: KubeEmulator, name: str) -> str | None:
-    found = kube.pod_conditions("default", name).get(GATE)
-    return found["status"] if found else None
-
-
-def spawn_sidecar(
-    log_dir: Path,
-    aggregator: str,
-    proxy: FakeServeProxy,
-    pod: dict[str, Any],
-    kubeconfig: Path,
-    *extra: str,
-) -> harness.Process:
-    """A sidecar agent process for ``pod`` (as stored in the emulator), returned at once."""
-    metadata = pod["metadata"]
-    identity = harness.PodIdentity("default", metadata["name"], metadata["uid"], "node-1")
-    return harness.spawn(
-        metadata["name"],
-        [
-            "-m",
-            "node_agent",
-            f"--aggregator={aggregator}",
-            f"--proxy-url={proxy.url}",
-            f"--kubeconfig={kubeconfig}",
-            *AGENT_ARGS,
-            *extra,
-        ],
-        log_dir / f"{metadata['name']}.log",
-        harness.agent_environ(identity),
-    )
 
 
 def log_count(process: harness.Process, pattern: re.Pattern[str]) -> int:
@@ -159,17 +113,6 @@ def processes() -> Any:
     yield running
     for process in reversed(running):
         process.stop()
-
-
-def add_pod(kube: KubeEmulator, name: str, proxy: FakeServeProxy, **settings: Any) -> dict:
-    return kube.add_pod(
-        "default",
-        name,
-        labels=dict(LABELS),
-        pod_ip="127.0.0.1",
-        serve_port=proxy.port,
-        **settings,
-    )
 
 
 @pytest.mark.parametrize("mode", ["condition", "both"])
