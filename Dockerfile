@@ -40,7 +40,7 @@ RUN python -m venv --without-pip /opt/venv \
     && python -m pip --python /opt/venv/bin/python install --no-cache-dir --no-compile \
         --require-hashes --no-deps --only-binary :all: -r requirements/image.txt
 
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY proto/ proto/
 COPY servehealth_common/ servehealth_common/
 COPY aggregator/ aggregator/

@@ -1,3 +1,5 @@
 """The ray-serve-health aggregator: tracks every Ray pod's Serve proxy and decides its label."""
 
-__version__ = "0.2.0"
+from servehealth_common.version import __version__
+
+__all__ = ["__version__"]

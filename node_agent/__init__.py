@@ -1,3 +1,5 @@
 """The ray-serve-health node agent: probes a Ray Serve proxy and streams its health."""
 
-__version__ = "0.2.0"
+from servehealth_common.version import __version__
+
+__all__ = ["__version__"]

@@ -19,6 +19,8 @@ import typing
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
+from servehealth_common.version import __version__
+
 T = TypeVar("T")
 
 ENV_PREFIX = "SERVE_HEALTH_"
@@ -179,6 +181,13 @@ def build_parser(
         description=description,
         epilog=f"Every flag can also be set as an environment variable {ENV_PREFIX}<NAME>, "
         f"e.g. {env_name(dataclasses.fields(cls)[0])}.",
+    )
+    # Not a setting (no field, no environment variable): not in the generated flag tables.
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"{prog} {__version__}",
+        help="show the program's name and version and exit",
     )
     hints = typing.get_type_hints(cls)
     for field in dataclasses.fields(cls):

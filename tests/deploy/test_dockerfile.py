@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from servehealth_common.version import __version__
 from tests.deploy.manifests import ROOT, kubectl
 
 DOCKERFILE = ROOT / "Dockerfile"
@@ -107,7 +108,7 @@ def test_final_stage_runs_as_non_root_with_the_aggregator_by_default() -> None:
     assert "PATH=/opt/venv/bin:" in env
     assert [rest for keyword, rest in final if keyword == "CMD"] == ['["serve-health-aggregator"]']
     labels = " ".join(rest for keyword, rest in final if keyword == "LABEL")
-    version = PYPROJECT["project"]["version"]
+    version = __version__
     assert f'org.opencontainers.image.version="{version}"' in labels
 
 
@@ -187,6 +188,6 @@ def test_building_doc_kustomization_pins_the_image_by_digest(tmp_path: Path) -> 
     )
     assert result.returncode == 0, result.stderr
     ours = [i for i in re.findall(r"image: (\S+)", result.stdout) if "ray-serve-health" in i]
-    version = PYPROJECT["project"]["version"]
+    version = __version__
     assert ours
     assert set(ours) == {f"registry.example.com/ray-serve-health:{version}@{digest}"}, ours

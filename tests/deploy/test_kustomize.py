@@ -9,7 +9,6 @@ mode, label mode on workers only."""
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ import yaml
 from aggregator.flags import AggregatorFlags
 from node_agent.flags import AgentFlags
 from servehealth_common.config import describe, load
+from servehealth_common.version import __version__
 from tests.deploy.manifests import (
     CLUSTER_SCOPED,
     ROOT,
@@ -34,7 +34,7 @@ from tests.deploy.manifests import (
     settings,
 )
 
-VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+VERSION = __version__
 IMAGE = "ghcr.io/ray-serve-health/ray-serve-health"
 NAMESPACE = "ray-serve-health"
 AGGREGATOR = "ray-serve-health-aggregator"
