@@ -398,6 +398,14 @@ def wait_connected(agent: Process, timeout: float = 20.0) -> None:
 # -- Ray Serve ----------------------------------------------------------------------------
 
 
+#: The raylet starts Ray's workers (Serve's controller, proxies and replicas among them) at
+#: nice 15 unless told otherwise, so that on a machine whose cores are busy with anything else
+#: they hardly run: with two busy loops on two cores, Serve's proxy did not start within Ray's
+#: own 60 s and serve.start failed. A local Ray for the demo, the tests and the benchmarks runs
+#: its workers at the same priority as everything else.
+RAY_WORKER_NICENESS = "RAY_worker_niceness"
+
+
 def start_ray(*, quiet: bool = False, attempts: int = 2, dashboard_port: int = 0) -> int:
     """A light local Ray instance: 2 CPUs, small object store, its node on 127.0.0.1; no
     dashboard, or one on ``127.0.0.1:dashboard_port`` (the Serve REST API is served there).
@@ -409,6 +417,7 @@ def start_ray(*, quiet: bool = False, attempts: int = 2, dashboard_port: int = 0
     and keep its port: a retry takes a fresh one.
     """
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault(RAY_WORKER_NICENESS, "0")
     import ray
 
     for attempt in range(1, attempts + 1):

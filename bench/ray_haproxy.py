@@ -94,6 +94,7 @@ def haproxy_environ(temp_dir: Path, binary: str) -> dict[str, str]:
         # made a delete take ~31 s here).
         "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "1",
         "RAY_USAGE_STATS_ENABLED": "0",
+        harness.RAY_WORKER_NICENESS: "0",  # see bench/harness.py
     }
 
 

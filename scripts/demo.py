@@ -20,6 +20,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -209,6 +210,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_demo(log_dir, outcome)
     except (DemoFailed, harness.HarnessError, harness.StateTimeout, TimeoutError) as error:
         say(f"\nFAILED: {error}")
+        say(f"logs: {log_dir}")
+        return 1
+    except Exception as error:  # Ray's own errors, say: the traceback, then one FAILED line
+        traceback.print_exc()
+        say(f"\nFAILED: {type(error).__name__}: {error}")
         say(f"logs: {log_dir}")
         return 1
     finally:
