@@ -18,15 +18,17 @@ GATE = "ray.io/serve-proxy-healthy"
 LABEL = "ray.io/serve"
 LABELS = {"ray.io/node-type": "worker"}
 FALLBACK_AFTER = 2.0
-PROBE_INTERVAL = 0.3
+#: Probes: short enough that the stories stay short, long enough that a healthy loopback proxy
+#: in a loaded test process is never taken for a hung one (with a 200 ms timeout and two busy
+#: loops on the cores, a healthy proxy timed out, and the aggregator rightly wrote it False).
+PROBE_INTERVAL = 0.6
 FAILING = (503, "Service Unavailable")
 AGENT_UA = "ray-serve-health-agent/"
 AGGREGATOR_UA = "ray-serve-health"
 WRITES = ("PATCH", "POST", "PUT", "DELETE")
-#: Faster probes than the default, so that the stories stay short.
 AGENT_ARGS = (
     f"--interval={PROBE_INTERVAL * 1000:.0f}ms",
-    "--probe-timeout=200ms",
+    "--probe-timeout=500ms",
     f"--fallback-after={FALLBACK_AFTER}s",
 )
 FALLBACK_BEGAN = re.compile(r"no aggregator for \d+s: writing for my \d+ pods? myself")

@@ -85,6 +85,10 @@ def refusing_aggregator(
             "--agent-fallback=on",
             "--leader-elect=true",
             "--leader-elect-namespace=default",
+            # Room to renew on a loaded machine: a leader that misses its renew deadline gives
+            # up its Lease, and then the agent is right to fall back (not what is tested here).
+            "--leader-elect-lease-duration=10s",
+            "--leader-elect-renew-deadline=8s",
         ],
     )
 
