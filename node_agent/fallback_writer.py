@@ -234,24 +234,13 @@ class FallbackWriter:
         longer wanted."""
         backoff, attempts, trouble = self._backoff(), 0, ""
         while True:
-            if not self._core.still_wanted(write):
-                self._core.finished(write)
-                self._metrics.fallback_write(write.kind.value, "dropped")
-                log.debug("%s: %s not sent: no longer wanted", marks.WHY, write)
+            if self._dropped(write):
                 return
             now = utc_now()
             try:
                 answer = await self._send(write, now)
             except APINotFoundError:
-                self._core.pod_gone(write.key)
-                self._core.finished(write)
-                self._metrics.fallback_write(write.kind.value, "not_found")
-                log.info(
-                    "%s: pod %s is gone; dropping its %s write",
-                    marks.WHY,
-                    write.key,
-                    write.kind.value,
-                )
+                self._gone(write)
                 return
             except APIError as error:
                 attempts += 1
@@ -277,21 +266,46 @@ class FallbackWriter:
                     log.debug("%s: %s: %s (attempt %d)", marks.WHY, write, error, attempts)
                 await asyncio.sleep(delay)
                 continue
-            self._metrics.fallback_write(write.kind.value, "success")
-            after = f" after {attempts} failed attempts" if attempts else ""
-            log.info(
-                "%s: wrote %s (%s: %s) as the agent %s%s",
-                marks.WHY,
-                write,
-                write.state.name,
-                write.reason,
-                self._who,
-                after,
-            )
-            facts = PodFacts.from_pod(answer) if answer.get("metadata") else None
-            self._core.finished(write, answer=facts, written=True)
-            await self._event(write, now)
+            await self._landed(write, answer, attempts, now)
             return
+
+    def _dropped(self, write: Write) -> bool:
+        """Whether ``write`` is no longer wanted (an override came, the facts changed): then it
+        is finished unsent."""
+        if self._core.still_wanted(write):
+            return False
+        self._core.finished(write)
+        self._metrics.fallback_write(write.kind.value, "dropped")
+        log.debug("%s: %s not sent: no longer wanted", marks.WHY, write)
+        return True
+
+    def _gone(self, write: Write) -> None:
+        """The pod of ``write`` is gone (404): forget it and drop the write."""
+        self._core.pod_gone(write.key)
+        self._core.finished(write)
+        self._metrics.fallback_write(write.kind.value, "not_found")
+        log.info(
+            "%s: pod %s is gone; dropping its %s write", marks.WHY, write.key, write.kind.value
+        )
+
+    async def _landed(
+        self, write: Write, answer: dict[str, Any], attempts: int, now: datetime.datetime
+    ) -> None:
+        """``write`` landed: count it, log it, learn what the pod now carries, send its Event."""
+        self._metrics.fallback_write(write.kind.value, "success")
+        after = f" after {attempts} failed attempts" if attempts else ""
+        log.info(
+            "%s: wrote %s (%s: %s) as the agent %s%s",
+            marks.WHY,
+            write,
+            write.state.name,
+            write.reason,
+            self._who,
+            after,
+        )
+        facts = PodFacts.from_pod(answer) if answer.get("metadata") else None
+        self._core.finished(write, answer=facts, written=True)
+        await self._event(write, now)
 
     async def _send(self, write: Write, now: datetime.datetime) -> dict[str, Any]:
         body = write_body(write, self._who, now)
