@@ -107,26 +107,48 @@ class PodReport(_message.Message):
     def __init__(self, pod: _Optional[_Union[PodRef, _Mapping]] = ..., state: _Optional[_Union[ServeState, str]] = ..., reason: _Optional[str] = ..., http_status: _Optional[int] = ..., probe_latency: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., sequence: _Optional[int] = ...) -> None: ...
 
 class AggregatorMessage(_message.Message):
-    __slots__ = ("settings", "ack")
+    __slots__ = ("settings", "ack", "pod")
     SETTINGS_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
+    POD_FIELD_NUMBER: _ClassVar[int]
     settings: AgentSettings
     ack: Ack
-    def __init__(self, settings: _Optional[_Union[AgentSettings, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ...) -> None: ...
+    pod: PodView
+    def __init__(self, settings: _Optional[_Union[AgentSettings, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., pod: _Optional[_Union[PodView, _Mapping]] = ...) -> None: ...
 
 class AgentSettings(_message.Message):
-    __slots__ = ("heartbeat_interval", "resync_interval", "reports_per_change", "reports_per_failure", "writes")
+    __slots__ = ("heartbeat_interval", "resync_interval", "reports_per_change", "reports_per_failure", "writes", "fleet_size")
     HEARTBEAT_INTERVAL_FIELD_NUMBER: _ClassVar[int]
     RESYNC_INTERVAL_FIELD_NUMBER: _ClassVar[int]
     REPORTS_PER_CHANGE_FIELD_NUMBER: _ClassVar[int]
     REPORTS_PER_FAILURE_FIELD_NUMBER: _ClassVar[int]
     WRITES_FIELD_NUMBER: _ClassVar[int]
+    FLEET_SIZE_FIELD_NUMBER: _ClassVar[int]
     heartbeat_interval: _duration_pb2.Duration
     resync_interval: _duration_pb2.Duration
     reports_per_change: int
     reports_per_failure: int
     writes: WriteSettings
-    def __init__(self, heartbeat_interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., resync_interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., reports_per_change: _Optional[int] = ..., reports_per_failure: _Optional[int] = ..., writes: _Optional[_Union[WriteSettings, _Mapping]] = ...) -> None: ...
+    fleet_size: int
+    def __init__(self, heartbeat_interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., resync_interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., reports_per_change: _Optional[int] = ..., reports_per_failure: _Optional[int] = ..., writes: _Optional[_Union[WriteSettings, _Mapping]] = ..., fleet_size: _Optional[int] = ...) -> None: ...
+
+class PodView(_message.Message):
+    __slots__ = ("pod", "resource_version", "node_name", "label", "condition", "gated", "overridden")
+    POD_FIELD_NUMBER: _ClassVar[int]
+    RESOURCE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    NODE_NAME_FIELD_NUMBER: _ClassVar[int]
+    LABEL_FIELD_NUMBER: _ClassVar[int]
+    CONDITION_FIELD_NUMBER: _ClassVar[int]
+    GATED_FIELD_NUMBER: _ClassVar[int]
+    OVERRIDDEN_FIELD_NUMBER: _ClassVar[int]
+    pod: PodRef
+    resource_version: str
+    node_name: str
+    label: str
+    condition: str
+    gated: bool
+    overridden: bool
+    def __init__(self, pod: _Optional[_Union[PodRef, _Mapping]] = ..., resource_version: _Optional[str] = ..., node_name: _Optional[str] = ..., label: _Optional[str] = ..., condition: _Optional[str] = ..., gated: _Optional[bool] = ..., overridden: _Optional[bool] = ...) -> None: ...
 
 class WriteSettings(_message.Message):
     __slots__ = ("label", "label_key", "condition", "condition_type", "failure_threshold", "success_threshold", "fallback", "lease")
