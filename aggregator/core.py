@@ -17,7 +17,7 @@ from typing import Protocol
 
 from aggregator.fleet_look import SUSPECT_BAD, OnLooked
 from aggregator.metrics import Metrics
-from aggregator.registry import PodRegistry
+from aggregator.registry import PodRegistry, PodViewFacts
 from aggregator.resync import ResyncSchedule, ResyncSettings
 from aggregator.self_protection import ProtectionSettings, SelfProtection
 from aggregator.serve_view import NO_PROXY_STATES, judged, rejudged
@@ -110,10 +110,13 @@ class Core:
         self._metrics.agents_connected.set(len(self._agents))
         return stream
 
+    def fleet_size(self) -> int:
+        """The fleet's size: the pods tracked, or the agents connected if more."""
+        return max(len(self._tracker), len(self._agents))
+
     def resync_interval(self) -> float:
-        """The resync interval for a stream opened now (it grows with the fleet: the pods
-        tracked, or the agents connected if more)."""
-        interval = self._resync.for_fleet(max(len(self._tracker), len(self._agents)))
+        """The resync interval for a stream opened now (it grows with :meth:`fleet_size`)."""
+        interval = self._resync.for_fleet(self.fleet_size())
         self._tracker.allow_silence(self._resync.kept_ttl)
         return interval
 
@@ -353,6 +356,10 @@ class Core:
     def pod_info(self, key: PodKey) -> PodInfo | None:
         """What the registry knows of the pod: its node, address and Serve port."""
         return self._registry.pod(key)
+
+    def pod_view(self, key: PodKey) -> PodViewFacts | None:
+        """What the registry's watch last showed of the pod (None: a backend without one)."""
+        return self._registry.view(key)
 
     def agent_speaks(self, record: PodRecord, now: float) -> bool:
         """Whether an agent is connected for ``record`` and pushed within the TTL."""

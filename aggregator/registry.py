@@ -12,6 +12,7 @@ import abc
 import datetime
 import logging
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Protocol
 
 from aggregator.override import NONE, Override
@@ -47,6 +48,26 @@ class PodSink(Protocol):
         """The Serve controller's view of these pods' cluster changed: judge them again."""
 
 
+@dataclass(frozen=True, slots=True)
+class PodViewFacts:
+    """What a backend that watches pods last saw of one (a sidecar's ``AggregatorMessage.pod``):
+    enough for an agent in fallback to decide, and write, without reading its pod first."""
+
+    key: PodKey
+    uid: str
+    resource_version: str
+    node_name: str
+    #: The value of the label the aggregator writes (None: the pod has no such label).
+    label: str | None
+    #: The condition the aggregator writes, as ``KubePod.conditions`` holds it ("True",
+    #: "False", "Unknown" or "NoProxyByDesign"; None: the pod has no such condition).
+    condition: str | None
+    #: Whether the pod's spec.readinessGates declares that condition.
+    gated: bool
+    #: Whether the pod is under an override the aggregator honours.
+    overridden: bool
+
+
 class PodRegistry(abc.ABC):
     """The seam between the core and wherever pods live (memory or Kubernetes)."""
 
@@ -76,6 +97,10 @@ class PodRegistry(abc.ABC):
 
     def pod(self, key: PodKey) -> PodInfo | None:
         """What the backend knows of the pod (address and port for pulls)."""
+        return None
+
+    def view(self, key: PodKey) -> PodViewFacts | None:
+        """What the backend's watch last showed of the pod (None: it watches no pods)."""
         return None
 
     def proxy_meant(self, key: PodKey) -> ProxyIntent:

@@ -126,10 +126,12 @@ class ReportService:
 
     def _agent_settings(self, reports_on_change: bool) -> pb.AggregatorMessage:
         """What a new stream's agent is asked to do: heartbeats (an agent before 0.2.0), or
-        changes plus a resync at the interval the fleet's size calls for now."""
+        changes plus a resync at the interval the fleet's size calls for now (and that size:
+        an agent in fallback spends its share of the fleet's API budget)."""
         settings = pb.AgentSettings(heartbeat_interval=self._heartbeat_interval)
         if reports_on_change:
             settings.resync_interval.CopyFrom(wire.duration(self._core.resync_interval()))
+            settings.fleet_size = self._core.fleet_size()
             settings.reports_per_change = self._settings.reports_per_change
             settings.reports_per_failure = self._settings.reports_per_failure
             settings.writes.CopyFrom(self._settings.writes)
@@ -277,6 +279,7 @@ class ReportService:
             stream_id=stream_id,
             own_pod=pods[0].key if sidecar else None,
             node=node,
+            own_uid=pods[0].uid if sidecar else "",
             rate_limit=StreamRateLimit(settings.max_reports_per_second, self._clock),
             max_pods=settings.admission.max_pods_per_stream,
             ack_every=settings.ack_every,
@@ -293,6 +296,7 @@ class ReportService:
         )
         try:
             await context.write(self._agent_settings(on_change))
+            await self._send_pod_view(context, stream)
             await self._serve_reports(context, stream)
         finally:
             stream.close()
@@ -329,3 +333,11 @@ class ReportService:
                 sequence = max(sequence, pod_report.sequence)
             if stream.ack_due(changed):
                 await context.write(pb.AggregatorMessage(ack=pb.Ack(sequence=sequence)))
+            await self._send_pod_view(context, stream)
+
+    async def _send_pod_view(self, context: grpc.aio.ServicerContext, stream: ReportStream) -> None:
+        """A sidecar's pod, after its settings and after each reports message if the backend's
+        view of it changed (only a backend that watches pods has one)."""
+        view = stream.pod_view()
+        if view is not None:
+            await context.write(pb.AggregatorMessage(pod=wire.pod_view_message(view)))

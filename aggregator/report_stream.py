@@ -2,7 +2,8 @@
 
 The servicer makes one per stream and hands it each validated report; this object applies the
 admission rules (:mod:`aggregator.admission`), passes admitted reports to the core, counts the
-skipped ones, and says when an ack is due. It knows nothing of gRPC.
+skipped ones, and says when an ack is due, and when a sidecar's pod is to be sent (its view
+changed). It knows nothing of gRPC.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from aggregator.admission import ADMITTED, Outcome, Refusal, new_pod_on_stream, 
 from aggregator.core import Core, NotAdmitted
 from aggregator.metrics import Metrics
 from aggregator.rate_limit import StreamRateLimit
+from aggregator.registry import PodViewFacts
 from aggregator.tracker import Observation
 from servehealth_common.pod_identity import PodKey
 
@@ -28,6 +30,7 @@ class ReportStream:
         stream_id: int,
         own_pod: PodKey | None,
         node: str | None,
+        own_uid: str = "",
         rate_limit: StreamRateLimit,
         max_pods: int,
         ack_every: int,
@@ -38,6 +41,10 @@ class ReportStream:
         self.stream_id = stream_id
         #: A sidecar's pod (None for a DaemonSet agent): the only pod it may report for.
         self.own_pod = own_pod
+        #: The uid its hello gave (empty: none): a view of another pod of that name is not sent.
+        self._own_uid = own_uid
+        #: The resource_version of the last view of its pod sent on this stream (None: none).
+        self._view_sent: str | None = None
         #: The node a DaemonSet agent's token binds it to (None: not bound, or a sidecar).
         self._node = node
         self._rate_limit = rate_limit
@@ -90,6 +97,20 @@ class ReportStream:
             self._unacked = 0
             return True
         return False
+
+    def pod_view(self) -> PodViewFacts | None:
+        """A sidecar's pod as the backend knows it, if not sent yet on this stream or changed
+        since (another resource_version); None: nothing to send (not a sidecar, a backend that
+        watches no pods, the pod not known, or no change)."""
+        if self.own_pod is None:
+            return None
+        view = self._core.pod_view(self.own_pod)
+        if view is None or view.resource_version == self._view_sent:
+            return None
+        if self._own_uid and view.uid != self._own_uid:
+            return None
+        self._view_sent = view.resource_version
+        return view
 
     def close(self) -> None:
         """The stream ended: its pods have no agent now (the core pulls them)."""

@@ -11,6 +11,7 @@ import re
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from aggregator.registry import PodViewFacts
 from aggregator.tracker import Observation, PodRecord, StateChange
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth_common.classify import truncate_reason
@@ -124,6 +125,23 @@ def pod_message(record: PodRecord, now: float, wall_now: float) -> pb.Pod:
     )
     if record.observed_at is not None:
         message.last_report_age.CopyFrom(duration(max(0.0, now - record.observed_at)))
+    return message
+
+
+def pod_view_message(view: PodViewFacts) -> pb.PodView:
+    """A sidecar's pod as the backend last saw it; ``label`` and ``condition`` stay unset where
+    the pod has none."""
+    message = pb.PodView(
+        pod=pb.PodRef(namespace=view.key.namespace, name=view.key.name, uid=view.uid),
+        resource_version=view.resource_version,
+        node_name=view.node_name,
+        gated=view.gated,
+        overridden=view.overridden,
+    )
+    if view.label is not None:
+        message.label = view.label
+    if view.condition is not None:
+        message.condition = view.condition
     return message
 
 

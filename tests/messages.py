@@ -31,18 +31,39 @@ def pod_report(**fields: Any) -> pb.AgentMessage:
     return pb.AgentMessage(reports=pb.ReportBatch(reports=[pb.PodReport(**fields)]))
 
 
+class SidecarCall:
+    """A sidecar's Report stream whose ``read`` passes over the PodView messages (kept in
+    ``pod_views``) that an aggregator watching pods sends after the settings and whenever the
+    pod changed: tests that read an ack after each report read acks. Everything else is the
+    call's own. The views themselves: tests/kube/test_pod_view.py."""
+
+    def __init__(self, call: grpc.aio.StreamStreamCall) -> None:
+        self.call = call
+        self.pod_views: list[pb.PodView] = []
+
+    async def read(self) -> Any:
+        while True:
+            message = await self.call.read()
+            if message is grpc.aio.EOF or message.WhichOneof("kind") != "pod":
+                return message
+            self.pod_views.append(message.pod)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.call, name)
+
+
 async def open_stream(
     channel: grpc.aio.Channel,
     name: str = "pod-a",
     namespace: str = "default",
     uid: str | None = None,
-) -> grpc.aio.StreamStreamCall:
+) -> SidecarCall:
     """A Report stream that has said hello and received its settings."""
     call = pb_grpc.ReportServiceStub(channel).Report()
     await call.write(hello(namespace, name, uid))
     first = await call.read()
     assert first.WhichOneof("kind") == "settings"
-    return call
+    return SidecarCall(call)
 
 
 async def read_until_error(call: grpc.aio.StreamStreamCall) -> grpc.aio.AioRpcError:

@@ -18,12 +18,13 @@ from typing import Any
 from aggregator.kube.api import KubeApi
 from aggregator.kube.discovery import Discovery
 from aggregator.kube.events import EventRecorder
+from aggregator.kube.pod_view import pod_view
 from aggregator.kube.pods import KubePod, parse_pod
 from aggregator.kube.shadow import ShadowEvents, ShadowWriter
 from aggregator.kube.writer import Writer, WriterSettings
 from aggregator.metrics import Metrics
 from aggregator.override import ANNOTATION, NONE, Override, change
-from aggregator.registry import PodRegistry, PodSink
+from aggregator.registry import PodRegistry, PodSink, PodViewFacts
 from aggregator.serve_view import UNKNOWN, ProxyIntent, proxy_meant
 from aggregator.serve_view_poller import (
     ClusterKey,
@@ -243,6 +244,10 @@ class KubeRegistry(PodRegistry):
     def pod(self, key: PodKey) -> PodInfo | None:
         pod = self._pods.get(key)
         return pod.info if pod else None
+
+    def view(self, key: PodKey) -> PodViewFacts | None:
+        pod = self._pods.get(key)
+        return pod_view(pod, self.settings.label_key, self.settings.condition_type) if pod else None
 
     def proxy_meant(self, key: PodKey) -> ProxyIntent:
         pod = self._pods.get(key)

@@ -44,7 +44,7 @@ from servehealth_common.tokens import TOKEN_EXPIRED
 from tests.conftest import StartAggregator, eventually, running
 from tests.fakes import FakeServeProxy
 from tests.kube.emulator import TOKENREVIEWS, KubeEmulator
-from tests.messages import batch, hello, node_hello, read_until_error, report
+from tests.messages import SidecarCall, batch, hello, node_hello, read_until_error, report
 
 SERVING = pb.SERVE_STATE_SERVING
 NODE_AGENT_SA = ("ops", "ray-serve-health-agent")
@@ -109,13 +109,14 @@ def bearer(token: str | None) -> tuple[tuple[str, str], ...] | None:
 
 async def connect(
     channel: grpc.aio.Channel, message: pb.AgentMessage, token: str | None
-) -> grpc.aio.StreamStreamCall:
-    """A Report stream that said ``message`` with ``token``; raises the refusal, if any."""
+) -> SidecarCall:
+    """A Report stream that said ``message`` with ``token``; raises the refusal, if any. Its
+    ``read`` passes over the PodViews a sidecar is sent (:class:`~tests.messages.SidecarCall`)."""
     call = pb_grpc.ReportServiceStub(channel).Report(metadata=bearer(token))
     await call.write(message)
     first = await asyncio.wait_for(call.read(), 10)
     assert first.WhichOneof("kind") == "settings"
-    return call
+    return SidecarCall(call)
 
 
 async def refusal(
