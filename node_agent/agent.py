@@ -22,6 +22,7 @@ import time
 
 from node_agent import __version__
 from node_agent.fallback import Fallback
+from node_agent.fallback_budget import ApiBudget
 from node_agent.fallback_rules import WhosePods
 from node_agent.fallback_runner import FallbackRunner, WriterLike
 from node_agent.flags import AgentFlags
@@ -64,6 +65,12 @@ class Agent:
             flag_rules=settings.fallback_rules,
             lease=LeaseName.parse(settings.fallback_lease),
             clock=time.monotonic,
+            budget=ApiBudget(
+                fleet_budget=settings.fallback_api_budget,
+                fleet_size=settings.fallback_fleet_size,
+                clock=time.monotonic,
+                rng=rng,
+            ),
         )
         self.fallback = FallbackRunner(core, self._open_writer, metrics=metrics, own_pod=key)
         grpc_address = settings.grpc_proxy_address

@@ -26,6 +26,7 @@ from typing import Any
 
 from node_agent import __version__
 from node_agent.fallback import Fallback
+from node_agent.fallback_budget import ApiBudget
 from node_agent.fallback_rules import PodFacts, WhosePods
 from node_agent.fallback_runner import FallbackRunner
 from node_agent.fallback_writer import FallbackWriter
@@ -168,6 +169,12 @@ class NodeAgent:
             flag_rules=settings.fallback_rules,
             lease=LeaseName.parse(settings.fallback_lease),
             clock=time.monotonic,
+            budget=ApiBudget(
+                fleet_budget=settings.fallback_api_budget,
+                fleet_size=settings.fallback_fleet_size,
+                clock=time.monotonic,
+                rng=self.rng,
+            ),
         )
         self._client = client
         self.fallback = FallbackRunner(core, self._open_writer, metrics=metrics)

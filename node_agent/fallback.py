@@ -32,10 +32,11 @@ refused (:func:`refusal`): a crafted setting must not make an agent rewrite anot
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from node_agent.fallback_budget import ApiBudget
+from node_agent.fallback_phase import ALLOWED, FallbackChange, FallbackPhase
 from node_agent.fallback_rules import (
     NO_PROXY_BY_DESIGN,
     SIDES,
@@ -66,20 +67,6 @@ class _Streak:
     reason: str = ""
 
 
-class FallbackPhase(enum.Enum):
-    CONNECTED = "connected"
-    WAITING = "waiting"
-    FALLBACK = "fallback"
-
-
-@dataclass(frozen=True, slots=True)
-class FallbackChange:
-    old: FallbackPhase
-    new: FallbackPhase
-    #: Seconds without an accepted stream (began), or in fallback (ended).
-    seconds: float
-
-
 class Fallback:
     """The fallback decider of one agent: the stream's ups and downs, the write rules, its own
     pods (what each carries) and their probe results in; :meth:`decide` gives the writes."""
@@ -92,8 +79,11 @@ class Fallback:
         flag_rules: WriteRules | None,
         clock: Clock,
         lease: LeaseName | None = None,
+        budget: ApiBudget | None = None,
     ) -> None:
         self.after = after
+        #: When each API request of this agent's fallback may go (None: at once).
+        self.budget = budget
         self.own = own
         self._flag_rules = flag_rules
         self._learned: WriteRules | None = None
@@ -109,6 +99,9 @@ class Fallback:
         #: Writes handed out and not finished; and those that failed for good, per value.
         self._in_flight: dict[tuple[PodKey, Kind], str] = {}
         self._given_up: dict[tuple[PodKey, Kind], str] = {}
+        #: Pods a conditional write found changed (409): their resourceVersion then; no write
+        #: for them until a newer version is seen (:meth:`needs_facts`).
+        self._stale: dict[PodKey, str] = {}
         #: The gate of issue 26: fallback only while no aggregator renews this Lease.
         self.lease = LeaseGate(lease, clock) if lease is not None else None
 
@@ -163,15 +156,26 @@ class Fallback:
         return max(start, until)
 
     def lease_wanted(self) -> bool:
-        """Whether the Lease should be read now: one is named, and fallback is due but for
-        it, or under way (never while a stream is up)."""
+        """Whether the Lease should be read now: one is named, and fallback is under way, or
+        due but for it *and* this agent has something to do (a write it wants, or a pod it
+        must read first): an agent whose pods carry what their probes say reads nothing
+        (never while a stream is up)."""
         if self.lease is None or self.after <= 0 or self.rules is None:
             return False
         if self.phase is FallbackPhase.FALLBACK:
             return True
         return (
-            self.phase is FallbackPhase.WAITING and self._clock() >= self._down_since + self.after
+            self.phase is FallbackPhase.WAITING
+            and self._clock() >= self._down_since + self.after
+            and self.has_work()
         )
+
+    def has_work(self) -> bool:
+        """Whether a fallback now would send anything: a write, or a read of a pod first."""
+        rules = self.rules
+        if rules is None:
+            return False
+        return any(self.needs_facts(key) or any(self._wanted(key, rules)) for key in self._streaks)
 
     def tick(self) -> FallbackChange | None:
         """Begin fallback if it is due; end it at once if the Lease is renewed again (an
@@ -210,7 +214,7 @@ class Fallback:
         old, now = self.phase, self._clock()
         if new is old:
             return None
-        assert (old, new) in _ALLOWED, (old, new)
+        assert (old, new) in ALLOWED, (old, new)
         self.phase = new
         if new is FallbackPhase.FALLBACK:
             self._began = now
@@ -236,6 +240,8 @@ class Fallback:
         if known is None or facts.newer_than(known):
             self._pods[facts.key] = facts
             self._dirty.add(facts.key)
+            if self._stale.get(facts.key) not in (None, facts.resource_version):
+                del self._stale[facts.key]
         return None
 
     def pod_gone(self, key: PodKey) -> None:
@@ -244,6 +250,7 @@ class Fallback:
         self._pods.pop(key, None)
         self._streaks.pop(key, None)
         self._dirty.discard(key)
+        self._stale.pop(key, None)
         for kind in Kind:
             self._in_flight.pop((key, kind), None)
             self._given_up.pop((key, kind), None)
@@ -255,6 +262,30 @@ class Fallback:
 
     def facts(self, key: PodKey) -> PodFacts | None:
         return self._pods.get(key)
+
+    def needs_facts(self, key: PodKey) -> bool:
+        """Whether a write for ``key`` waits on a read of the pod: its probes have decided a
+        side, and what it carries is unknown (nobody told), or changed since it was known (a
+        conditional write found another version). Only a sidecar reads its pod: a DaemonSet
+        agent's watch tells it what its pods carry."""
+        streak, rules = self._streaks.get(key), self.rules
+        if key != self.own.pod or streak is None or streak.side is None or rules is None:
+            return False
+        if streak.count < rules.threshold(streak.side):
+            return False
+        return key not in self._pods or key in self._stale
+
+    def held(self, key: PodKey) -> bool:
+        """Whether a manual override holds back what the probes of ``key`` call for (a
+        sidecar then follows its pod, to see the override go)."""
+        facts, streak = self._pods.get(key), self._streaks.get(key)
+        return (
+            facts is not None
+            and facts.overridden
+            and streak is not None
+            and streak.side is not None
+            and self.phase is FallbackPhase.FALLBACK
+        )
 
     def own_pods(self) -> int:
         return len(self._pods)
@@ -282,15 +313,18 @@ class Fallback:
             return []
         writes = []
         for key in sorted(self._dirty):
-            writes += self._writes_for(key, rules)
+            for write in self._wanted(key, rules):
+                self._in_flight[write.key, write.kind] = write.value
+                writes.append(write)
         self._dirty.clear()
         return writes
 
-    def _writes_for(self, key: PodKey, rules: WriteRules) -> Iterable[Write]:
+    def _wanted(self, key: PodKey, rules: WriteRules) -> Iterable[Write]:
+        """What ``key`` should be written now, not yet handed out (pure: marks nothing)."""
         facts, streak = self._pods.get(key), self._streaks.get(key)
         if facts is None or streak is None or streak.side is None or facts.overridden:
             return
-        if streak.count < rules.threshold(streak.side):
+        if streak.count < rules.threshold(streak.side) or key in self._stale:
             return
         for kind, name in rules.targets():
             if kind is Kind.CONDITION and name not in facts.readiness_gates:
@@ -304,9 +338,8 @@ class Fallback:
                 self._given_up.get(target),
             ):
                 continue
-            self._in_flight[target] = wanted
-            state, reason = streak.state, streak.reason
-            yield Write(key, facts.uid, kind, name, wanted, state, reason, self._epoch)
+            state, reason, version = streak.state, streak.reason, facts.resource_version
+            yield Write(key, facts.uid, kind, name, wanted, state, reason, self._epoch, version)
 
     def still_wanted(self, write: Write) -> bool:
         """Whether ``write`` may still be sent (asked before each attempt): still in
@@ -346,13 +379,12 @@ class Fallback:
             self._pods[write.key] = carrying(known, write)
         self._dirty.add(write.key)
 
-
-_ALLOWED = frozenset(
-    {
-        (FallbackPhase.WAITING, FallbackPhase.CONNECTED),
-        (FallbackPhase.CONNECTED, FallbackPhase.WAITING),
-        (FallbackPhase.WAITING, FallbackPhase.FALLBACK),
-        (FallbackPhase.FALLBACK, FallbackPhase.CONNECTED),
-        (FallbackPhase.FALLBACK, FallbackPhase.WAITING),
-    }
-)
+    def conflicted(self, write: Write) -> None:
+        """``write`` was conditional on the pod's version, and the pod has changed since (409):
+        it is over, and ``key`` is written again only once a newer version is seen (a
+        sidecar reads it: :meth:`needs_facts`; a DaemonSet agent's watch brings it)."""
+        known = self._pods.get(write.key)
+        current = write.epoch == self._epoch and known is not None
+        if current and known is not None and known.resource_version == write.version:
+            self._stale[write.key] = write.version
+        self.finished(write)

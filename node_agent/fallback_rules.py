@@ -242,6 +242,8 @@ class Write:
     state: ServeState  # the latest probe's state, and its reason
     reason: str
     epoch: int = 0  # which fallback decided it (a write of an earlier one is never sent)
+    #: The pod's resourceVersion the write was decided on: sent as a precondition ("": none).
+    version: str = ""
 
     def __str__(self) -> str:
         return f"{self.kind.value} {self.name}={self.value} on pod {self.key}"

@@ -1,16 +1,22 @@
 """The agent's fallback, between the pure decider (:mod:`node_agent.fallback`) and the API
 (:mod:`node_agent.fallback_writer`).
 
-:class:`FallbackRunner` is told everything the decider needs: the Report stream's ups and downs
-and the aggregator's write settings (it is the stream's
-:class:`~node_agent.stream.StreamListener`), every probe result, and each pod as the agent sees
-it (a DaemonSet agent's watch; a sidecar watches its own pod while fallback lasts, so that a
-manual override added or taken off meanwhile counts). Its loop
-begins fallback when it is due, logs it ("no aggregator for 10s: writing for my 3 pods
-myself") and its end, and hands the decider's writes to the writer.
+:class:`FallbackRunner` is told everything the decider needs: the Report stream's ups and downs,
+the aggregator's write settings and fleet size, and what a sidecar's pod carries (it is the
+stream's :class:`~node_agent.stream_listener.StreamListener`), every probe result, and each pod
+as the agent sees it (a DaemonSet agent's watch). Its loop begins fallback when it is due, logs it
+("no aggregator for 10s: writing for my 3 pods myself") and its end, and hands the decider's
+writes to the writer.
 
-The writer, and with it the Kubernetes client, is made only when fallback first begins
-(``open_writer``): a sidecar that never falls back never loads the client (~30 MiB of RSS).
+An agent that has nothing to write sends nothing (issue 26): the Lease is read only once a
+write is wanted; a sidecar reads its pod only if no aggregator told it what the pod carries,
+or the pod changed since (a conditional write answered 409), and watches it only while a manual
+override holds back a write (to see the override go). Every request waits for the agent's share
+of the fleet's API budget (:mod:`node_agent.fallback_budget`).
+
+The writer, and with it the Kubernetes client, is made only when the first request is due
+(``open_writer``): a sidecar that never needs one never loads the client (~30 MiB of RSS, a
+second of CPU).
 """
 
 from __future__ import annotations
@@ -42,6 +48,29 @@ log = logging.getLogger(__name__)
 FALLBACK = FallbackPhase.FALLBACK
 
 
+def facts_from_view(view: pb.PodView, writes: pb.WriteSettings) -> PodFacts | None:
+    """A sidecar's pod as the aggregator told it (``AggregatorMessage.pod``), in the names of
+    that aggregator's ``writes``; None if it names no pod."""
+    ref = view.pod
+    if not ref.namespace or not ref.name:
+        return None
+    label_key, condition_type = writes.label_key, writes.condition_type
+    return PodFacts(
+        key=PodKey(ref.namespace, ref.name),
+        uid=ref.uid,
+        node_name=view.node_name,
+        labels={label_key: view.label} if view.HasField("label") and label_key else {},
+        conditions=(
+            {condition_type: view.condition}
+            if view.HasField("condition") and condition_type
+            else {}
+        ),
+        readiness_gates=frozenset({condition_type} if view.gated and condition_type else ()),
+        overridden=view.overridden,
+        resource_version=view.resource_version,
+    )
+
+
 def rules_from(writes: pb.WriteSettings) -> WriteRules | None:
     """The rules of an aggregator's ``WriteSettings``; None if it allows no fallback."""
     if not writes.fallback:
@@ -66,6 +95,8 @@ class WriterLike(Protocol):
     ) -> None: ...
 
     async def follow_lease(self, name: LeaseName, to: LeaseListener) -> None: ...
+
+    async def read_pod(self, key: PodKey) -> PodFacts | None: ...
 
 
 class LeaseListener(Protocol):
@@ -101,6 +132,8 @@ class FallbackRunner:
         self._writer: WriterLike | None = None
         self._writer_task: asyncio.Task[None] | None = None
         self._follow_task: asyncio.Task[None] | None = None  # a sidecar's watch of its pod
+        self._read_task: asyncio.Task[None] | None = None  # a sidecar's read of its pod
+        self._writes = pb.WriteSettings()  # the last aggregator's (names in its PodViews)
         self._lease_task: asyncio.Task[None] | None = None  # the Lease's watch, without stream
         self._leased: LeaseName | None = None  # the Lease it watches
         self._said: set[str] = set()  # refusals already logged
@@ -112,6 +145,7 @@ class FallbackRunner:
     def settings(self, writes: pb.WriteSettings | None) -> None:
         if writes is None:
             return  # an aggregator before 0.3.0: the flags decide
+        self._writes = writes
         self._learn_lease(writes.lease)
         rules = rules_from(writes)
         why = self.core.learned(rules)
@@ -135,6 +169,18 @@ class FallbackRunner:
             self._say_once(logging.ERROR, f"ignoring the aggregator's Lease {text!r}: {error}")
             name = None
         self.core.learned_lease(name)
+
+    def fleet(self, size: int) -> None:
+        budget = self.core.budget
+        if budget is not None and size > 0 and size != budget.fleet_size:
+            budget.announced(size)
+            log.info("in fallback, this agent sends at most %s", budget.describe())
+
+    def pod_view(self, view: pb.PodView) -> None:
+        """What the aggregator last saw of a sidecar's pod: no need to read it in fallback."""
+        facts = facts_from_view(view, self._writes)
+        if facts is not None:
+            self._own_pod_seen(facts)
 
     def accepted(self) -> None:
         self._log(self.core.stream_up())
@@ -168,14 +214,14 @@ class FallbackRunner:
 
     def observe(self, key: PodKey, result: ProbeResult) -> None:
         self.core.observe(key, result.state, result.reason)
-        if self.core.phase is FallbackPhase.FALLBACK:
+        if self.core.phase is not FallbackPhase.CONNECTED:
             self._wake.set()
 
     def pod_seen(self, facts: PodFacts) -> None:
         why = self.core.pod_seen(facts)
         if why is not None:
             log.debug("%s: not writing: %s", WHY, why)
-        elif self.core.phase is FallbackPhase.FALLBACK:
+        elif self.core.phase is not FallbackPhase.CONNECTED:
             self._wake.set()
 
     def pod_gone(self, key: PodKey) -> None:
@@ -193,24 +239,39 @@ class FallbackRunner:
                         await self._wake.wait()
                 self._wake.clear()
                 change = self.core.tick()
-                if change is not None and change.new is FALLBACK:
-                    await self._begin(change)
-                elif change is not None:  # the Lease is renewed again: an aggregator is back
-                    self._log(change)
-                    self._stop_following()
+                self._log(change)
+                if change is not None and change.old is FALLBACK:
+                    self._stop_following()  # the Lease is renewed again: an aggregator is back
                 await self._read_lease()
-                if self._writer is not None:
-                    for write in self.core.decide():
-                        self._writer.submit(write)
+                await self._act()
         finally:
-            following, leasing = self._follow_task, self._lease_task
+            tasks = (self._follow_task, self._read_task, self._lease_task, self._writer_task)
             self._stop_following()
             self._stop_lease()
-            for task in (following, leasing, self._writer_task):
+            for task in tasks:
                 if task is not None:
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
+
+    async def _act(self) -> None:
+        """In fallback, with something to do: read or follow a sidecar's pod if it must, and
+        hand the decider's writes to the writer."""
+        own = self._own_pod
+        if self.core.phase is not FALLBACK or not (self.core.has_work() or self._held(own)):
+            return
+        writer = await self._writer_now()
+        if writer is None or self.core.phase is not FALLBACK:  # (it may end meanwhile)
+            return
+        if own is not None and self.core.needs_facts(own) and self._read_task is None:
+            self._read_task = asyncio.create_task(self._read(writer, own), name="read own pod")
+        if own is not None and self._held(own) and self._follow_task is None:
+            self._follow_task = asyncio.create_task(self._follow(writer, own), name="own pod")
+        for write in self.core.decide():
+            writer.submit(write)
+
+    def _held(self, key: PodKey | None) -> bool:
+        return key is not None and self.core.held(key)
 
     async def _writer_now(self) -> WriterLike | None:
         """The writer (and its client), made the first time it is needed."""
@@ -222,8 +283,8 @@ class FallbackRunner:
         return self._writer
 
     async def _read_lease(self) -> None:
-        """Watch the Lease while the decider wants it read (no stream, fallback due but for
-        it, or under way); stop when it no longer does, or names another Lease."""
+        """Watch the Lease while the decider wants it read (a write wanted, fallback due but
+        for it, or under way); stop when it no longer does, or names another Lease."""
         gate = self.core.lease
         if self._lease_task is not None and (
             gate is None or gate.name != self._leased or not self.core.lease_wanted()
@@ -248,18 +309,21 @@ class FallbackRunner:
             self._lease_task.cancel()
             self._lease_task = None
 
-    async def _begin(self, began: FallbackChange) -> None:
-        self._log(began)
-        writer = await self._writer_now()
-        if writer is None:
-            return
-        own = self._own_pod
-        # (Fallback may have ended while the writer was made.)
-        if own is not None and self._follow_task is None and self.core.phase is FALLBACK:
-            self._follow_task = asyncio.create_task(self._follow(writer, own), name="own pod")
+    async def _read(self, writer: WriterLike, key: PodKey) -> None:
+        """A sidecar's pod, read once (within the budget) when a write waits on it."""
+        try:
+            facts = await writer.read_pod(key)
+            if facts is not None:
+                self._own_pod_seen(facts)
+        except Exception:  # a surprise: the next wanted write tries again
+            log.exception("%s: reading pod %s failed", WHY, key)
+        finally:
+            self._read_task = None
+            self._wake.set()
 
     async def _follow(self, writer: WriterLike, key: PodKey) -> None:
-        """A sidecar's pod while fallback lasts (cancelled when it ends)."""
+        """A sidecar's pod while an override holds a write back (cancelled when fallback
+        ends)."""
         try:
             await writer.follow_pod(key, self._own_pod_seen, self.pod_gone)
         except Exception:  # a surprise: fallback goes on with what was seen
@@ -269,12 +333,16 @@ class FallbackRunner:
         why = self.core.pod_seen(facts)
         if why is not None:
             self._say_once(logging.ERROR, f"{WHY}: not writing: {why}")
-        elif self.core.phase is FallbackPhase.FALLBACK:
+        elif self.core.phase is not FallbackPhase.CONNECTED:
             self._wake.set()
 
     def _stop_following(self) -> None:
-        """Fallback is over: stop watching the sidecar's pod, and forget what it carried (the
-        next fallback writes only once it has seen the pod afresh)."""
+        """Fallback is over: stop watching (or reading) the sidecar's pod, and forget what a
+        watch showed of it (it is not followed any more: the aggregator's next view, or a read,
+        tells it afresh)."""
+        if self._read_task is not None:
+            self._read_task.cancel()
+            self._read_task = None
         if self._follow_task is None:
             return
         self._follow_task.cancel()

@@ -20,13 +20,16 @@ This module imports the Kubernetes client: a sidecar loads it only when fallback
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 import logging
 import random
+import time
 from collections.abc import Callable
 from typing import Any
 
 from node_agent.fallback import Fallback, FallbackPhase
+from node_agent.fallback_bodies import event_body, utc_now, write_body
 from node_agent.fallback_rules import Kind, PodFacts, Write
 from node_agent.fallback_runner import LeaseListener
 from node_agent.flags import AgentFlags
@@ -42,7 +45,6 @@ from servehealth_common.pod_identity import PodKey
 
 log = logging.getLogger(__name__)
 
-COMPONENT = "ray-serve-health-agent"
 #: Retries: full jitter up to 0.2 s, 0.4 s, ... 30 s; a Retry-After is honoured up to that.
 RETRY_BASE, RETRY_CAP = 0.2, 30.0
 #: Writes in flight at most (a DaemonSet agent's node may have many pods).
@@ -50,67 +52,6 @@ WORKERS = 2
 #: How long a sidecar's watch of its pod lasts before it is renewed (one request per sidecar
 #: per this many seconds in fallback: 10,000 sidecars, about 33 requests/s).
 WATCH_TIMEOUT = 300
-#: Values that put a pod in service (an Event of type Normal; the others are Warnings).
-IN_SERVICE = frozenset({"true", "True"})
-
-
-def utc_now() -> datetime.datetime:
-    return datetime.datetime.now(datetime.UTC)
-
-
-def rfc3339(when: datetime.datetime) -> str:
-    """Whole seconds, as the API keeps a condition's and an Event's times."""
-    return when.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def write_body(write: Write, who: str, when: datetime.datetime) -> dict[str, Any]:
-    """The patch of ``write``: a label with its annotation (its time with microseconds, as a
-    Lease's renewal, which an aggregator taking over compares it with), or a condition."""
-    if write.kind is Kind.LABEL:
-        mark = marks.annotation_value(marks.micro_time(when), who)
-        return {
-            "metadata": {
-                "labels": {write.name: write.value},
-                "annotations": {marks.ANNOTATION: mark},
-            }
-        }
-    condition = {
-        "type": write.name,
-        "status": write.value,
-        "reason": marks.CONDITION_REASON,
-        "message": f"{marks.WHY}: written by the agent {who} ({write.state.name}: {write.reason})"[
-            :512
-        ],
-        "lastTransitionTime": rfc3339(when),
-    }
-    return {"status": {"conditions": [condition]}}
-
-
-def event_body(write: Write, who: str, when: datetime.datetime) -> dict[str, Any]:
-    key = write.key
-    message = (
-        f"{marks.WHY}: the agent {who} wrote {write.kind.value} {write.name}={write.value} "
-        f"({write.state.name}: {write.reason})"
-    )
-    return {
-        "metadata": {"generateName": f"{key.name}.", "namespace": key.namespace},
-        "involvedObject": {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "namespace": key.namespace,
-            "name": key.name,
-            "uid": write.uid,
-        },
-        "reason": marks.EVENT_REASON,
-        "message": message[:1024],
-        "type": "Normal" if write.value in IN_SERVICE else "Warning",
-        "source": {"component": COMPONENT},
-        "reportingComponent": COMPONENT,
-        "reportingInstance": who[:128],
-        "firstTimestamp": rfc3339(when),
-        "lastTimestamp": rfc3339(when),
-        "count": 1,
-    }
 
 
 class FallbackWriter:
@@ -125,8 +66,10 @@ class FallbackWriter:
         metrics: MetricsSink,
         rng: random.Random | None = None,
         owns_client: bool = False,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.client = client
+        self._clock = clock
         self._owns_client = owns_client
         self._core = core
         self._who = who
@@ -137,6 +80,15 @@ class FallbackWriter:
 
     def submit(self, write: Write) -> None:
         self._queue.put_nowait(write)
+
+    async def permit(self) -> None:
+        """Wait for this agent's next request within its share of the fleet's API budget
+        (:mod:`node_agent.fallback_budget`; at once without one)."""
+        budget = self._core.budget
+        if budget is not None:
+            wait = budget.reserve() - self._clock()
+            if wait > 0:
+                await asyncio.sleep(wait)
 
     async def run(self) -> None:
         try:
@@ -167,6 +119,7 @@ class FallbackWriter:
             watch_timeout=WATCH_TIMEOUT,
             fatal=lambda error: isinstance(error, APIForbiddenError),
         )
+        await self.permit()  # its list and its watch: one slot
         try:
             await watch.run()
         except APIForbiddenError as error:
@@ -185,13 +138,14 @@ class FallbackWriter:
 
     async def follow_lease(self, name: LeaseName, to: LeaseListener) -> None:
         """The aggregator's Lease, while no stream is up (:mod:`node_agent.lease_watch`)."""
-        await follow_lease(self.client, name, to, self._rng)
+        await follow_lease(self.client, name, to, self._rng, self.permit)
 
     async def read_pod(self, key: PodKey) -> PodFacts | None:
         """The pod as the API shows it now (a sidecar that may not watch it), retried like a
         write while fallback lasts; None if it is gone, cannot be read, or fallback ended."""
         backoff, trouble, attempts = self._backoff(), "", 0
         while self._core.phase is FallbackPhase.FALLBACK:
+            await self.permit()
             try:
                 return PodFacts.from_pod(await self.client.get_pod(key))
             except APINotFoundError:
@@ -231,12 +185,17 @@ class FallbackWriter:
 
     async def _write(self, write: Write) -> None:
         """Send ``write`` until it lands, the pod is gone, it fails for good, or it is no
-        longer wanted."""
+        longer wanted. Each attempt is conditional on the pod's latest version known (a write
+        decided on an earlier one, such as the second of a label and a condition, goes on the
+        answer to the first)."""
         backoff, attempts, trouble = self._backoff(), 0, ""
         while True:
             if self._dropped(write):
                 return
-            now = utc_now()
+            await self.permit()
+            if self._dropped(write):  # (the wait for a slot can be long)
+                return
+            write, now = self._latest(write), utc_now()
             try:
                 answer = await self._send(write, now)
             except APINotFoundError:
@@ -244,30 +203,45 @@ class FallbackWriter:
                 return
             except APIError as error:
                 attempts += 1
+                if error.status == 409 and write.version:
+                    if self._latest(write).version != write.version:
+                        continue  # a newer version is known already: try on it
+                    self._conflict(write)
+                    return
                 self._metrics.fallback_write(write.kind.value, "error")
                 if not error.retryable and error.status != 409:
                     log.error("%s: cannot write %s: %s; not retried", marks.WHY, write, error)
                     self._core.finished(write, gave_up=True)
                     return
-                condition = f"HTTP {error.status}" if error.status else "no answer"
-                delay = _delay(backoff, error)
-                if condition != trouble:
-                    was = f" (was: {trouble})" if trouble else ""
-                    log.warning(
-                        "%s: cannot write %s: %s%s; retrying with backoff (logged again when "
-                        "this changes or ends)",
-                        marks.WHY,
-                        write,
-                        error,
-                        was,
-                    )
-                    trouble = condition
-                else:
-                    log.debug("%s: %s: %s (attempt %d)", marks.WHY, write, error, attempts)
-                await asyncio.sleep(delay)
+                trouble = self._retrying(write, error, trouble, attempts)
+                await asyncio.sleep(_delay(backoff, error))
                 continue
             await self._landed(write, answer, attempts, now)
             return
+
+    def _latest(self, write: Write) -> Write:
+        """``write`` conditional on the latest version of its pod known."""
+        facts = self._core.facts(write.key)
+        if facts is None or not write.version or facts.resource_version == write.version:
+            return write
+        return dataclasses.replace(write, version=facts.resource_version)
+
+    def _retrying(self, write: Write, error: APIError, trouble: str, attempts: int) -> str:
+        """Log a failed attempt when the failure starts or changes; returns what it is."""
+        condition = f"HTTP {error.status}" if error.status else "no answer"
+        if condition != trouble:
+            was = f" (was: {trouble})" if trouble else ""
+            log.warning(
+                "%s: cannot write %s: %s%s; retrying with backoff (logged again when this "
+                "changes or ends)",
+                marks.WHY,
+                write,
+                error,
+                was,
+            )
+        else:
+            log.debug("%s: %s: %s (attempt %d)", marks.WHY, write, error, attempts)
+        return condition
 
     def _dropped(self, write: Write) -> bool:
         """Whether ``write`` is no longer wanted (an override came, the facts changed): then it
@@ -278,6 +252,20 @@ class FallbackWriter:
         self._metrics.fallback_write(write.kind.value, "dropped")
         log.debug("%s: %s not sent: no longer wanted", marks.WHY, write)
         return True
+
+    def _conflict(self, write: Write) -> None:
+        """The pod changed since ``write`` was decided (409 on its resourceVersion): decide
+        again from the pod as it is now (a manual override may have come)."""
+        self._core.conflicted(write)
+        self._metrics.fallback_write(write.kind.value, "conflict")
+        log.info(
+            "%s: pod %s changed since version %s; %s not sent, deciding again from the pod as "
+            "it is now",
+            marks.WHY,
+            write.key,
+            write.version,
+            write,
+        )
 
     def _gone(self, write: Write) -> None:
         """The pod of ``write`` is gone (404): forget it and drop the write."""
@@ -305,6 +293,8 @@ class FallbackWriter:
         )
         facts = PodFacts.from_pod(answer) if answer.get("metadata") else None
         self._core.finished(write, answer=facts, written=True)
+        if facts is not None and write.version and facts.resource_version == write.version:
+            return  # it changed nothing (the pod carried it already): no Event
         await self._event(write, now)
 
     async def _send(self, write: Write, now: datetime.datetime) -> dict[str, Any]:
@@ -314,8 +304,9 @@ class FallbackWriter:
         return await self.client.patch_pod_status(write.key, body)
 
     async def _event(self, write: Write, now: datetime.datetime) -> None:
-        """The write's Event (best effort: one try; failures logged when they start or
-        change)."""
+        """The write's Event (best effort: one try, within the budget; failures logged when
+        they start or change)."""
+        await self.permit()
         try:
             await self.client.create_event(write.key.namespace, event_body(write, self._who, now))
         except APIError as error:

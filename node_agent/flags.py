@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from node_agent.fallback_budget import DEFAULT_FLEET_BUDGET, DEFAULT_FLEET_SIZE
 from node_agent.fallback_rules import FALLBACK_WRITES, WriteRules, refusal, rules_from_flags
 from node_agent.lease_gate import LeaseName
 from node_agent.token import DEFAULT_TOKEN_FILE
@@ -190,6 +191,20 @@ class AgentFlags:
         "no gate (aggregators without --leader-elect).",
         shown="(the aggregator's)",
     )
+    fallback_api_budget: float = setting(
+        DEFAULT_FLEET_BUDGET,
+        "Requests per second to the API server that the whole fleet of agents may send in "
+        "fallback (reads of the Lease and of pods, writes, Events). Each agent spends its share "
+        "(this divided by the fleet size the aggregator announced) in slots spread at random, "
+        "and an agent with nothing to write sends nothing: a fleet losing its aggregator at "
+        "once stays within it. The cost is latency in a large fleet: an agent's requests wait "
+        "for its slot, every 2 x fleet size / budget seconds (11,000 agents at 40/s: 550s).",
+    )
+    fallback_fleet_size: int = setting(
+        DEFAULT_FLEET_SIZE,
+        "The fleet size assumed until an aggregator announces one (an agent that started during "
+        "an outage).",
+    )
     metrics_listen: str = setting(
         "",
         "HOST:PORT of the agent's plaintext HTTP endpoint: /livez (its loops run and its "
@@ -237,6 +252,10 @@ class AgentFlags:
         if self.fallback_after < 0:
             raise ValueError("--fallback-after must not be negative (0: no fallback)")
         LeaseName.parse(self.fallback_lease)  # raises ValueError: not namespace/name
+        if self.fallback_api_budget <= 0 or self.fallback_fleet_size < 1:
+            raise ValueError(
+                "--fallback-api-budget must be positive and --fallback-fleet-size at least 1"
+            )
         rules = self.fallback_rules
         if rules is not None and (why := refusal(rules)) is not None:
             raise ValueError(f"--fallback-write {self.fallback_write}: {why}")

@@ -4,10 +4,12 @@ that one Lease, then a ``watch`` of it from the resourceVersion read (field sele
 seen. An agent needs ``get`` and ``watch`` on that one Lease only (RBAC ``resourceNames``): no
 ``list``.
 
-One request per agent per ``WATCH_TIMEOUT`` seconds while it waits or falls back (11,000
-agents: ~37 requests/s), none while its stream is up. Errors are retried with capped, jittered
-backoff (1 s up to 60 s); each tells the listener the Lease is unreadable (which opens the gate
-only if it was never read: :mod:`node_agent.lease_gate`).
+Read only by an agent that has something to write (:meth:`~node_agent.fallback.Fallback.
+lease_wanted`), never while its stream is up; each request waits for the agent's share of the
+fleet's API budget (``permit``: :mod:`node_agent.fallback_budget`), so the ``get`` and the first
+``watch`` of a fleet that lost its aggregator are spread over the budget's period. Errors are
+retried with capped, jittered backoff (1 s up to 60 s); each tells the listener the Lease is
+unreadable (which opens the gate only if it was never read: :mod:`node_agent.lease_gate`).
 
 The official client is synchronous: the watch runs in a daemon thread and hands events to the
 loop.
@@ -20,6 +22,7 @@ import contextlib
 import logging
 import random
 import threading
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from node_agent.fallback_runner import LeaseListener
@@ -32,8 +35,6 @@ log = logging.getLogger(__name__)
 
 #: The watch's server timeout, jittered by 10 %: one request per agent per ~5 minutes.
 WATCH_TIMEOUT = 300
-#: The first read of the Lease waits up to this many seconds (spread out).
-FIRST_READ_SPREAD = 2.0
 RETRY_BASE, RETRY_CAP = 1.0, 60.0
 
 
@@ -42,23 +43,24 @@ async def follow_lease(
     name: LeaseName,
     to: LeaseListener,
     rng: random.Random,
-    spread: float = FIRST_READ_SPREAD,
+    permit: Callable[[], Awaitable[None]],
 ) -> None:
-    """Until cancelled: what the Lease shows, to ``to``. The first read waits up to ``spread``
-    seconds (agents that lost their aggregators together do not read all at once); a watch
-    that ends resumes from the last version seen, without a read."""
+    """Until cancelled: what the Lease shows, to ``to``. Each request first awaits ``permit``
+    (the agent's budget); a watch that ends resumes from the last version seen, without a
+    read."""
     backoff, trouble = Backoff(base=RETRY_BASE, cap=RETRY_CAP, rng=rng), ""
-    await asyncio.sleep(rng.uniform(0, spread))
     version: str | None = None
     while True:
         try:
             if version is None:
+                await permit()
                 version = await _get(kube, name, to)
             if trouble:
                 log.info("Lease %s is readable again", name)
                 trouble = ""
             backoff.reset()
             seconds = round(jittered(WATCH_TIMEOUT, rng))
+            await permit()
             version = await _watch(kube, name, version, to, seconds)
         except APIGoneError:
             version = None  # the watch's version is too old: read it again

@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import logging
 import random
-from typing import Protocol
 
 import grpc
 
@@ -25,6 +24,7 @@ from node_agent.attempt_log import AttemptLog
 from node_agent.flags import AgentFlags
 from node_agent.outbox import Outbox
 from node_agent.sink import NO_METRICS, MetricsSink
+from node_agent.stream_listener import NoListener, StreamListener
 from node_agent.token import DEFAULT_TOKEN_FILE, TokenFile
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
@@ -65,31 +65,6 @@ class StreamEnded(Exception):
     """The aggregator closed the stream without an error."""
 
 
-class StreamListener(Protocol):
-    """Told when a stream is accepted and ends, and what each ``AgentSettings`` says of the
-    aggregator's writes (the agent's fallback, :mod:`node_agent.fallback_runner`)."""
-
-    def settings(self, writes: pb.WriteSettings | None) -> None:
-        """An ``AgentSettings`` arrived; ``writes`` None: it had none (before 0.3.0)."""
-
-    def accepted(self) -> None:
-        """The aggregator accepted the stream (its first settings arrived)."""
-
-    def ended(self) -> None:
-        """An accepted stream is over."""
-
-
-class _NoListener:
-    def settings(self, writes: pb.WriteSettings | None) -> None:
-        pass
-
-    def accepted(self) -> None:
-        pass
-
-    def ended(self) -> None:
-        pass
-
-
 async def connected(channel: grpc.aio.Channel) -> None:
     """Wait until ``channel`` is connected. A failed attempt (refused, unresolvable, a TLS
     handshake that failed) raises ConnectionError at once, rather than waiting out gRPC's own
@@ -120,7 +95,7 @@ class ReportClient:
     ) -> None:
         self.settings = settings
         self._metrics = metrics
-        self._listener = listener or _NoListener()
+        self._listener = listener or NoListener()
         #: After a first change, wait this long for others before sending (0: send at once).
         self._batch_window = batch_window
         self.outbox = outbox
@@ -313,10 +288,14 @@ class ReportClient:
         if message is grpc.aio.EOF:
             raise StreamEnded("aggregator closed the stream")
         assert isinstance(message, pb.AggregatorMessage)
-        if message.WhichOneof("kind") != "settings":
-            return
+        kind = message.WhichOneof("kind")
+        if kind == "pod":
+            self._listener.pod_view(message.pod)
+        if kind != "settings":
+            return  # an Ack, a pod's view, or a kind this agent does not know
         settings = message.settings
         self._listener.settings(settings.writes if settings.HasField("writes") else None)
+        self._listener.fleet(settings.fleet_size)
         resync = settings.resync_interval.ToNanoseconds() / 1e9
         on_change = resync > 0
         interval = resync if on_change else settings.heartbeat_interval.ToNanoseconds() / 1e9

@@ -1,5 +1,6 @@
 """The fallback runner reads the aggregator's Lease only while it has no stream (issue 26), with
-a fake writer and a fake clock: no read before ``--fallback-after`` has passed, a watch then
+a fake writer and a fake clock: no read before ``--fallback-after`` has passed, nor while the
+agent has nothing to write (its pod carries what its probes say), a watch once it has
 (through the writer, whose client is made for it), fallback held back while the Lease is
 renewed and begun once it no longer is, stopped at once when it is renewed again, and the
 watch cancelled when a stream is accepted. The aggregator's settings name the Lease too."""
@@ -18,6 +19,8 @@ from node_agent.lease_gate import LeaseName, LeaseSeen
 from node_agent.sink import NO_METRICS
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth_common.pod_identity import PodKey
+from servehealth_common.probe import ProbeResult
+from servehealth_common.states import ServeState
 from tests.conftest import eventually
 
 KEY = PodKey("ray", "worker-0")
@@ -43,6 +46,9 @@ class FakeWriter:
         self, key: PodKey, seen: Callable[[PodFacts], None], gone: Callable[[PodKey], None]
     ) -> None:
         await asyncio.Event().wait()
+
+    async def read_pod(self, key: PodKey) -> PodFacts | None:
+        return None
 
     async def follow_lease(self, name: LeaseName, to: LeaseListener) -> None:
         self.leases.append((name, to))
@@ -75,6 +81,12 @@ class Rig:
     def wake(self) -> None:
         self.runner.ended()  # wakes the loop (no stream was up: nothing else changes)
 
+    def pod(self, carries: str, state: ServeState) -> None:
+        """The pod carries the condition ``carries``; its proxy probes ``state``."""
+        facts = PodFacts(KEY, "u", conditions={GATE: carries}, readiness_gates=frozenset({GATE}))
+        self.core.pod_seen(facts)
+        self.runner.observe(KEY, ProbeResult(state, "probed", 200, 0.01))
+
 
 def renewal(n: int) -> LeaseSeen:
     return LeaseSeen(holder="aggregator-0", renew_time=str(n), duration=DURATION)
@@ -88,6 +100,7 @@ async def settle() -> None:
 @pytest.fixture
 async def rig(request: pytest.FixtureRequest) -> AsyncIterator[Rig]:
     made = Rig(getattr(request, "param", LEASE))
+    made.pod("True", ServeState.NOT_READY)  # a write is wanted
     task = asyncio.create_task(made.runner.run())
     yield made
     task.cancel()
@@ -104,6 +117,17 @@ async def test_the_lease_is_watched_only_once_fallback_is_due(rig: Rig) -> None:
     await eventually(lambda: rig.writer.leases, 5)
     assert rig.writer.leases[0][0] == LEASE
     assert rig.core.phase is FallbackPhase.WAITING  # not read yet: no fallback
+
+
+async def test_an_agent_with_nothing_to_write_reads_no_lease(rig: Rig) -> None:
+    rig.pod("True", ServeState.SERVING)  # carries what its probes say
+    rig.now += AFTER + DURATION
+    rig.wake()
+    await settle()
+    assert rig.writer.leases == []
+    assert rig.core.phase is FallbackPhase.WAITING
+    rig.pod("True", ServeState.DRAINING)  # now it has something to write
+    await eventually(lambda: rig.writer.leases, 5)
 
 
 async def test_fallback_waits_for_the_lease_and_stops_when_it_is_renewed_again(rig: Rig) -> None:

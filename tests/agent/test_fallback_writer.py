@@ -79,6 +79,7 @@ class Rig:
             after=10, own=WhosePods(node_name=NODE), flag_rules=rules, clock=self.clock
         )
         self.sink = Sink()
+        self.stored_version = ""
         self.writer = FallbackWriter(
             client, self.core, who=WHO, metrics=self.sink, rng=random.Random(1)
         )
@@ -87,6 +88,7 @@ class Rig:
         stored = self.kube.add_pod(
             KEY.namespace, KEY.name, node_name=NODE, readiness_gates=[GATE], **settings
         )
+        self.stored_version = stored["metadata"]["resourceVersion"]
         self.core.pod_seen(PodFacts.from_pod(stored))
 
     def fall_back(self) -> None:
@@ -125,7 +127,9 @@ async def test_a_condition_write_carries_the_marks_and_an_event(rig: Rig) -> Non
     assert condition["lastTransitionTime"]
     [patch] = rig.patches()
     assert (patch.subresource, patch.content_type) == ("status", STRATEGIC_MERGE_PATCH)
-    assert set(patch.body) == {"status"}
+    assert set(patch.body) == {"status", "metadata"}
+    # Conditional on the version the decision was made on (409 if the pod changed since).
+    assert patch.body["metadata"] == {"resourceVersion": rig.stored_version}
     event = (await eventually(lambda: rig.kube.events(KEY.namespace)))[0]
     assert (event["reason"], event["type"]) == (marks.EVENT_REASON, "Normal")
     assert event["involvedObject"]["name"] == KEY.name
@@ -154,9 +158,9 @@ async def test_a_label_write_carries_the_annotation(rig: Rig) -> None:
     assert marks.annotation_time(annotation).endswith("Z")
     label_patch = next(call for call in rig.patches() if call.subresource is None)
     assert label_patch.content_type == MERGE_PATCH
-    assert label_patch.body == {
-        "metadata": {"labels": {LABEL: "false"}, "annotations": {marks.ANNOTATION: annotation}}
-    }
+    assert label_patch.body["metadata"]["labels"] == {LABEL: "false"}
+    assert label_patch.body["metadata"]["annotations"] == {marks.ANNOTATION: annotation}
+    assert label_patch.body["metadata"]["resourceVersion"]
     events = await eventually(
         lambda: len(rig.kube.events(KEY.namespace)) == 2 and rig.kube.events()
     )
@@ -236,3 +240,23 @@ async def test_the_sidecar_reads_its_own_pod_and_checks_its_uid(
         assert facts.readiness_gates == {GATE}
         assert (core.pod_seen(facts) is None) == accepted
     assert await writer.read_pod(PodKey("default", "nobody")) is None
+
+
+async def test_a_pod_changed_since_the_decision_is_not_written_over(rig: Rig) -> None:
+    """The write is conditional on the version decided on: an override added meanwhile (a
+    new version the agent has not seen) answers 409, the write is not retried on the old
+    version, and the pod waits for a newer version (a read, a watch event) before any write."""
+    rig.add_pod(labels={LABEL: "true"}, conditions=[{"type": GATE, "status": "True"}])
+    rig.fall_back()
+    rig.kube.modify_pod(
+        *KEY, patch={"metadata": {"annotations": {"ray-serve-health/override": "in-service"}}}
+    )
+    assert rig.decide(ServeState.NOT_READY) == 2
+    await eventually(lambda: rig.sink.writes.count(("label", "conflict")) == 1)
+    await eventually(lambda: ("condition", "conflict") in rig.sink.writes)
+    assert rig.kube.pod_labels(*KEY)[LABEL] == "true"  # the operator's override stands
+    assert len(rig.patches()) == 2  # one attempt each
+    assert rig.decide(ServeState.NOT_READY) == 0
+    assert rig.core.needs_facts(KEY) is False  # a DaemonSet agent's watch tells it
+    assert rig.kube.events() == []
+

@@ -56,11 +56,15 @@ def lease(holder: str, renewed: str) -> dict[str, Any]:
     }
 
 
+async def at_once() -> None:
+    """No budget: each request at once."""
+
+
 async def test_the_lease_is_followed_from_absent_to_deleted(
     kube_emulator: KubeEmulator, client: KubeClient
 ) -> None:
     kube, told = kube_emulator, Told()
-    task = asyncio.create_task(follow_lease(client, NAME, told, random.Random(1), spread=0))
+    task = asyncio.create_task(follow_lease(client, NAME, told, random.Random(1), at_once))
     try:
         await eventually(lambda: told.seen == [None], 10)  # no Lease: no aggregator leads
         await eventually(lambda: kube.requests("GET", resource=LEASES, verb="watch"), 10)
@@ -96,7 +100,7 @@ async def test_a_lease_the_agent_may_not_read_is_told_unreadable_and_read_again(
     kube, told = kube_emulator, Told()
     kube.put_object(LEASES, lease("aggregator-0", "2030-01-01T00:00:01.000000Z"))
     kube.fail_next(1, status=403, verb="get", resource=LEASES)
-    task = asyncio.create_task(follow_lease(client, NAME, told, random.Random(1), spread=0))
+    task = asyncio.create_task(follow_lease(client, NAME, told, random.Random(1), at_once))
     try:
         await eventually(lambda: told.unreadable == 1, 10)
         await eventually(lambda: told.seen, 10)  # the retry (backoff up to 1 s) reads it

@@ -39,6 +39,12 @@ class Accepts:
     def settings(self, writes: pb.WriteSettings | None) -> None:
         pass
 
+    def fleet(self, size: int) -> None:
+        pass
+
+    def pod_view(self, view: pb.PodView) -> None:
+        pass
+
     def accepted(self) -> None:
         task = asyncio.current_task()
         assert task is not None

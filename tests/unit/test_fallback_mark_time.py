@@ -10,8 +10,8 @@ import re
 
 import pytest
 
+from node_agent.fallback_bodies import event_body, write_body
 from node_agent.fallback_rules import Kind, Write
-from node_agent.fallback_writer import event_body, write_body
 from servehealth_common import fallback_marks
 from servehealth_common.pod_identity import PodKey
 from servehealth_common.states import ServeState
