@@ -124,3 +124,78 @@ def stop_all(running: list[harness.Process]) -> None:
     """Stop ``running`` processes in reverse order."""
     for process in reversed(running):
         process.stop()
+
+
+# -- the aggregators' Lease (issue 26) ---------------------------------------------------------
+
+#: The Lease an aggregator run with ``--leader-elect-namespace=default`` renews (its default
+#: ``--leader-elect-lease-name``), as an agent's ``--fallback-lease`` names it.
+LEASE_NAMESPACE = "default"
+LEASE_NAME = "ray-serve-health-aggregator"
+LEASE = f"{LEASE_NAMESPACE}/{LEASE_NAME}"
+
+
+def leading_aggregator(
+    log_dir: Path,
+    kubeconfig: Path,
+    *extra: str,
+    lease_seconds: int,
+    renew_deadline: float,
+    port: int | None = None,
+) -> harness.AggregatorProcess:
+    """A real aggregator on the emulator with ``--leader-elect`` (its Lease in ``default``,
+    renewed every 500 ms), returned once it listens; ``extra`` says how it refuses agents.
+    Blocking: call it with ``asyncio.to_thread``."""
+    return harness.start_aggregator(
+        log_dir,
+        port,
+        [
+            "--kube-backend=kubernetes",
+            f"--kubeconfig={kubeconfig}",
+            "--leader-elect=true",
+            f"--leader-elect-namespace={LEASE_NAMESPACE}",
+            f"--leader-elect-lease-duration={lease_seconds}s",
+            f"--leader-elect-renew-deadline={renew_deadline}s",
+            "--leader-elect-retry-period=500ms",
+            *extra,
+        ],
+    )
+
+
+def lease_spec(kube: KubeEmulator) -> dict[str, Any]:
+    """The aggregators' Lease's spec as stored now ({} if there is none)."""
+    lease = kube.lease(LEASE_NAMESPACE, LEASE_NAME)
+    return dict((lease or {}).get("spec") or {})
+
+
+def lease_holder(kube: KubeEmulator) -> str:
+    """Who holds the aggregators' Lease now ("" if nobody: none, or released)."""
+    return str(lease_spec(kube).get("holderIdentity") or "")
+
+
+def lease_writes(kube: KubeEmulator) -> list[ApiCall]:
+    """The writes (POST, PUT, PATCH) of the aggregators' Lease that reached the emulator."""
+    return [
+        call
+        for method in ("POST", "PUT", "PATCH")
+        for call in kube.requests(method, resource="leases", namespace=LEASE_NAMESPACE)
+        if call.name in (LEASE_NAME, None)
+    ]
+
+
+def agent_read_the_lease(kube: KubeEmulator) -> bool:
+    """Whether an agent has asked the emulator for a Lease (a get or a watch)."""
+    return any(by_agent(call) for call in kube.requests("GET", resource="leases"))
+
+
+def kill(process: harness.Process, timeout: float = 10.0) -> int:
+    """SIGKILL ``process`` (by its pid; no chance to release anything) and wait for it; its
+    exit code. Blocking: call it with ``asyncio.to_thread``."""
+    if process.alive:
+        process.popen.kill()
+    return process.popen.wait(timeout)
+
+
+def pod_writes_by_agents(kube: KubeEmulator, since: float = float("-inf")) -> list[ApiCall]:
+    """Agents' writes of pods (PATCH of a pod or of its status; not Events) since ``since``."""
+    return [call for call in writes_by(kube, agent=True, since=since) if call.resource == "pods"]
