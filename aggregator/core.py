@@ -361,6 +361,10 @@ class Core:
         """What the registry's watch last showed of the pod (None: a backend without one)."""
         return self._registry.view(key)
 
+    def listen_to_views(self, listener: Callable[[PodKey], None]) -> None:
+        """``listener`` hears the key of each pod whose :meth:`pod_view` may have changed."""
+        self._registry.view_listener = listener
+
     def agent_speaks(self, record: PodRecord, now: float) -> bool:
         """Whether an agent is connected for ``record`` and pushed within the TTL."""
         return self._tracker.agent_speaks(record, now)

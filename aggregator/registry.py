@@ -77,6 +77,9 @@ class PodRegistry(abc.ABC):
     #: Whether the core must forget a pod whose agent left: true where nothing else can tell
     #: whether the pod still exists, or check on it (the memory backend: no watch, no pulls).
     forgets_departed = False
+    #: Who hears that a pod's :meth:`view` may have changed (the Report streams of sidecars,
+    #: through :meth:`aggregator.core.Core.listen_to_views`).
+    view_listener: Callable[[PodKey], None] | None = None
 
     async def start(self, sink: PodSink) -> None:  # noqa: B027 - optional hook
         """Begin discovery and writing; discovered pods are reported to ``sink``."""
@@ -102,6 +105,11 @@ class PodRegistry(abc.ABC):
     def view(self, key: PodKey) -> PodViewFacts | None:
         """What the backend's watch last showed of the pod (None: it watches no pods)."""
         return None
+
+    def views_changed(self, key: PodKey) -> None:
+        """What :meth:`view` shows of ``key`` may have changed: tell the view listener."""
+        if self.view_listener is not None:
+            self.view_listener(key)
 
     def proxy_meant(self, key: PodKey) -> ProxyIntent:
         """Whether the Serve controller means a proxy to run at the pod (unknown without a

@@ -15,7 +15,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -36,7 +36,7 @@ from aggregator.guard import Guard
 from aggregator.lifecycle import Phase
 from aggregator.metrics import Metrics
 from aggregator.rate_limit import StreamRateLimit
-from aggregator.report_stream import ReportStream
+from aggregator.report_stream import ReportStream, ViewWaiters
 from servehealth.v1 import servehealth_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -123,6 +123,10 @@ class ReportService:
         self._calls = CallsInFlight()
         self._logged = LoggedOnce()
         self._heartbeat_interval = wire.duration(settings.heartbeat_interval)
+        #: Sidecar streams, told when their pod's view changes (sent at once, not at the
+        #: next report: the view after the aggregator's own write is the one that counts).
+        self._views = ViewWaiters()
+        core.listen_to_views(self._views.changed)
 
     def _agent_settings(self, reports_on_change: bool) -> pb.AggregatorMessage:
         """What a new stream's agent is asked to do: heartbeats (an agent before 0.2.0), or
@@ -303,37 +307,76 @@ class ReportService:
             log.info("agent %s disconnected (%d pods)", stream_id, len(stream.pods))
 
     async def _serve_reports(self, context: grpc.aio.ServicerContext, stream: ReportStream) -> None:
-        while True:
-            message = await context.read()
-            if message is grpc.aio.EOF:
-                return
-            outcome = stream.message()
-            if not outcome.admitted:
+        own = stream.own_pod
+        changed = self._views.open(own) if own is not None else None
+        reading: asyncio.Future[Any] | None = None
+        try:
+            while True:
+                if changed is None:
+                    message = await context.read()
+                else:
+                    reading = reading or asyncio.ensure_future(context.read())
+                    if not await self._read_or_view(context, stream, reading, changed):
+                        continue  # the pod's view changed, and was sent if it was new
+                    message, reading = reading.result(), None
+                if message is grpc.aio.EOF:
+                    return
+                await self._serve_message(context, stream, message)
+        finally:
+            if reading is not None:
+                reading.cancel()
+            if own is not None and changed is not None:
+                self._views.close(own, changed)
+
+    async def _read_or_view(
+        self,
+        context: grpc.aio.ServicerContext,
+        stream: ReportStream,
+        reading: asyncio.Future[Any],
+        changed: asyncio.Event,
+    ) -> bool:
+        """Wait for the next message (True: ``reading`` is done) or for the sidecar's pod
+        to change (its view is then sent: the aggregator's own write, an override added)."""
+        waiting = asyncio.ensure_future(changed.wait())
+        try:
+            await asyncio.wait((reading, waiting), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiting.cancel()
+        if reading.done():
+            return True
+        changed.clear()
+        await self._send_pod_view(context, stream)
+        return False
+
+    async def _serve_message(
+        self, context: grpc.aio.ServicerContext, stream: ReportStream, message: pb.AgentMessage
+    ) -> None:
+        """One message after the hello: its reports, then an ack and the pod's view if due."""
+        outcome = stream.message()
+        if not outcome.admitted:
+            await self._refuse(context, outcome)
+        if message.WhichOneof("kind") != "reports":
+            await self._refuse(
+                context,
+                unexpected(message, "expected reports: a hello may be sent only once per stream"),
+            )
+        sequence = 0
+        changed = False
+        for pod_report in message.reports.reports:
+            try:
+                key, observation = wire.observation_from_report(pod_report, stream.own_pod)
+            except wire.InvalidMessage as error:
+                await self._refuse(context, refused(Refusal.INVALID, str(error)))
+            outcome, moved = stream.report(key, observation)
+            if outcome.refusal is not None:
                 await self._refuse(context, outcome)
-            if message.WhichOneof("kind") != "reports":
-                await self._refuse(
-                    context,
-                    unexpected(
-                        message, "expected reports: a hello may be sent only once per stream"
-                    ),
-                )
-            sequence = 0
-            changed = False
-            for pod_report in message.reports.reports:
-                try:
-                    key, observation = wire.observation_from_report(pod_report, stream.own_pod)
-                except wire.InvalidMessage as error:
-                    await self._refuse(context, refused(Refusal.INVALID, str(error)))
-                outcome, moved = stream.report(key, observation)
-                if outcome.refusal is not None:
-                    await self._refuse(context, outcome)
-                if outcome.skip:
-                    continue
-                changed |= moved
-                sequence = max(sequence, pod_report.sequence)
-            if stream.ack_due(changed):
-                await context.write(pb.AggregatorMessage(ack=pb.Ack(sequence=sequence)))
-            await self._send_pod_view(context, stream)
+            if outcome.skip:
+                continue
+            changed |= moved
+            sequence = max(sequence, pod_report.sequence)
+        if stream.ack_due(changed):
+            await context.write(pb.AggregatorMessage(ack=pb.Ack(sequence=sequence)))
+        await self._send_pod_view(context, stream)
 
     async def _send_pod_view(self, context: grpc.aio.ServicerContext, stream: ReportStream) -> None:
         """A sidecar's pod, after its settings and after each reports message if the backend's

@@ -8,6 +8,7 @@ changed). It knows nothing of gRPC.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from aggregator.admission import ADMITTED, Outcome, Refusal, new_pod_on_stream, refused, unknown_pod
@@ -115,3 +116,26 @@ class ReportStream:
     def close(self) -> None:
         """The stream ended: its pods have no agent now (the core pulls them)."""
         self._core.goodbye(self.stream_id, self.pods)
+
+
+class ViewWaiters:
+    """The sidecar streams waiting to hear that their pod's view changed (one event each)."""
+
+    def __init__(self) -> None:
+        self._events: dict[PodKey, set[asyncio.Event]] = {}
+
+    def open(self, key: PodKey) -> asyncio.Event:
+        event = asyncio.Event()
+        self._events.setdefault(key, set()).add(event)
+        return event
+
+    def close(self, key: PodKey, event: asyncio.Event) -> None:
+        events = self._events.get(key)
+        if events is not None:
+            events.discard(event)
+            if not events:
+                del self._events[key]
+
+    def changed(self, key: PodKey) -> None:
+        for event in self._events.get(key, ()):
+            event.set()

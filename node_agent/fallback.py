@@ -341,6 +341,11 @@ class Fallback:
             state, reason, version = streak.state, streak.reason, facts.resource_version
             yield Write(key, facts.uid, kind, name, wanted, state, reason, self._epoch, version)
 
+    def in_this_fallback(self, write: Write) -> bool:
+        """Whether the fallback that decided ``write`` is still under way (its Event is sent
+        only then: nothing is sent once an aggregator is back)."""
+        return self.phase is FallbackPhase.FALLBACK and write.epoch == self._epoch
+
     def still_wanted(self, write: Write) -> bool:
         """Whether ``write`` may still be sent (asked before each attempt): still in
         fallback, still the value decided, and the pod still the same, under no override."""

@@ -20,12 +20,13 @@ This module imports the Kubernetes client: a sidecar loads it only when fallback
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import datetime
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from node_agent.fallback import Fallback, FallbackPhase
@@ -77,6 +78,9 @@ class FallbackWriter:
         self._rng = rng or random.Random()
         self._queue: asyncio.Queue[Write] = asyncio.Queue()
         self._event_trouble = ""
+        #: The pods a worker writes now (a pod's writes go one after the other, each on the
+        #: version the previous one's answer showed: no 409 between a label and a condition).
+        self._writing: dict[PodKey, asyncio.Lock] = {}
 
     def submit(self, write: Write) -> None:
         self._queue.put_nowait(write)
@@ -177,11 +181,22 @@ class FallbackWriter:
         while True:
             write = await self._queue.get()
             try:
-                await self._write(write)
+                async with self._one_at_a_time(write.key):
+                    await self._write(write)
             except Exception:  # a surprise must not stop the other writes
                 log.exception("%s: write of %s failed", marks.WHY, write)
                 self._core.finished(write, gave_up=True)
                 self._metrics.fallback_write(write.kind.value, "error")
+
+    @contextlib.asynccontextmanager
+    async def _one_at_a_time(self, key: PodKey) -> AsyncIterator[None]:
+        lock = self._writing.setdefault(key, asyncio.Lock())
+        try:
+            async with lock:
+                yield
+        finally:
+            if not lock.locked() and self._writing.get(key) is lock:
+                del self._writing[key]
 
     async def _write(self, write: Write) -> None:
         """Send ``write`` until it lands, the pod is gone, it fails for good, or it is no
@@ -307,6 +322,8 @@ class FallbackWriter:
         """The write's Event (best effort: one try, within the budget; failures logged when
         they start or change)."""
         await self.permit()
+        if not self._core.in_this_fallback(write):
+            return  # an aggregator is back meanwhile: nothing more is sent
         try:
             await self.client.create_event(write.key.namespace, event_body(write, self._who, now))
         except APIError as error:

@@ -297,6 +297,7 @@ class KubeRegistry(PodRegistry):
             # already gone, and "repairing" it would be a spurious write.
             return
         self._pods[pod.key] = pod
+        self.views_changed(pod.key)
         assert self._sink is not None
         gated = (
             self.settings.writes_condition and self.settings.condition_type in pod.readiness_gates
@@ -376,16 +377,15 @@ class KubeRegistry(PodRegistry):
             return
         if body.get("metadata"):
             written = parse_pod(body, self.settings.proxy_port)
-            if not older(written, pod):
-                self._pods[key] = written
-            # else: an answer overtaken by a later version of the pod, which already shows this
-            # write (and anything written after it, which the watch will judge as drift).
-            return
-        if kind is WriteKind.LABEL:
+            # (An answer older than the copy was overtaken by a later version of the pod, which
+            # shows this write and anything after it, judged as drift by the watch.)
+            self._pods[key] = pod if older(written, pod) else written
+        elif kind is WriteKind.LABEL:
             self._pods[key] = replace(pod, labels={**pod.labels, self.settings.label_key: value})
         else:
             conditions = {**pod.conditions, self.settings.condition_type: value}
             self._pods[key] = replace(pod, conditions=conditions)
+        self.views_changed(key)
 
     async def refresh(self, key: PodKey) -> None:
         body = await self.api.get_pod(key)

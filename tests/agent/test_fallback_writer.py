@@ -259,4 +259,3 @@ async def test_a_pod_changed_since_the_decision_is_not_written_over(rig: Rig) ->
     assert rig.decide(ServeState.NOT_READY) == 0
     assert rig.core.needs_facts(KEY) is False  # a DaemonSet agent's watch tells it
     assert rig.kube.events() == []
-

@@ -202,10 +202,12 @@ async def test_no_aggregator_then_one_back(
     assert [condition(kube, f"pod-{i}") for i in range(3)] == ["False", "True", "True"]
     events = [e for e in kube.events("default") if e["reason"] == marks.EVENT_REASON]
     per_write = 2 if mode == "both" else 1
-    assert (
-        sorted((e["involvedObject"]["name"], e["type"]) for e in events)
-        == [("pod-0", "Warning")] * per_write + [("pod-2", "Normal")] * per_write
-    )
+    told = sorted((e["involvedObject"]["name"], e["type"]) for e in events)
+    assert told[:per_write] == [("pod-0", "Warning")] * per_write
+    # pod-2's agent never heard an aggregator's fleet size: it spends a fleet of 100's share
+    # (a slot every 5 s), and an Event not sent when an aggregator is back is not sent at all.
+    assert len(told[per_write:]) <= per_write
+    assert set(told[per_write:]) <= {("pod-2", "Normal")}
     if mode == "both":
         labels = [kube.pod_labels("default", f"pod-{i}").get(LABEL) for i in range(3)]
         assert labels == ["false", "true", "true"]

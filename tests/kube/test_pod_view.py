@@ -1,9 +1,10 @@
 """What a sidecar's Report stream is told of its own pod (issue 26), against the API emulator:
-the fleet's size in its settings, then a PodView of its pod, and a new one after a report
-whenever the watch showed the pod changed (each resource_version once). A DaemonSet agent's
-stream gets none; a shadow aggregator still sends it (facts only). The memory backend, which
-watches nothing: tests/aggregator/test_fleet_size.py. The facts themselves:
-tests/unit/test_pod_view.py."""
+the fleet's size in its settings, then a PodView of its pod, and a new one whenever the pod
+changed (each resource_version once): at once, without waiting for the agent's next report,
+so that the view after the aggregator's own write is the one an agent in fallback writes on.
+A DaemonSet agent's stream gets none; a shadow aggregator still sends it (facts only). The
+memory backend, which watches nothing: tests/aggregator/test_fleet_size.py. The facts
+themselves: tests/unit/test_pod_view.py."""
 
 from __future__ import annotations
 
@@ -170,3 +171,24 @@ async def test_a_daemonset_stream_gets_no_pod_view(
         while (message := await call.read()) is not grpc.aio.EOF:
             rest.append(message.WhichOneof("kind"))
     assert rest == ["ack"]
+
+
+async def test_the_view_after_the_aggregators_own_write_comes_without_a_report(
+    kube_emulator: KubeEmulator, start_kube: StartAggregator
+) -> None:
+    pod = kube_emulator.add_pod("default", "pod-a", readiness_gates=[GATE])
+    uid = pod["metadata"]["uid"]
+    aggregator = await start_kube(mode="label", condition_type=GATE, events=False)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{aggregator.port}") as channel:
+        sidecar = Sidecar(pb_grpc.ReportServiceStub(channel).Report())
+        await sidecar.call.write(hello(uid=uid, reports_on_change=True))
+        await sidecar.read()  # settings
+        await sidecar.read()  # the first view
+        await sidecar.call.write(report(SERVING, 1, "success"))  # the only report
+        await kube_emulator.wait_until(
+            lambda: kube_emulator.pod_labels("default", "pod-a").get("ray.io/serve") == "true"
+        )
+        labelled = await seen_by_the_aggregator(kube_emulator, aggregator)
+        view = await sidecar.view_of(labelled)  # no report since the one that moved it
+        assert view.label == "true"
+        await sidecar.end()
