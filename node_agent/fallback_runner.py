@@ -139,6 +139,15 @@ class FallbackRunner:
         self._said: set[str] = set()  # refusals already logged
         self._told_rules: object = ()  # the rules last logged
         metrics.fallback_clock(core.seconds_in_fallback)
+        metrics.fallback_gauges(self._lease_renewed, self._slot_seconds)
+
+    def _lease_renewed(self) -> float:
+        lease = self.core.lease
+        return 1.0 if lease is not None and lease.renewed() else 0.0
+
+    def _slot_seconds(self) -> float:
+        budget = self.core.budget
+        return budget.period if budget is not None else 0.0
 
     # -- StreamListener ------------------------------------------------------------------
 

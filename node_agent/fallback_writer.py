@@ -92,6 +92,7 @@ class FallbackWriter:
         if budget is not None:
             wait = budget.reserve() - self._clock()
             if wait > 0:
+                self._metrics.fallback_waited(wait)
                 await asyncio.sleep(wait)
 
     async def run(self) -> None:

@@ -24,7 +24,14 @@ set and the pod count are rendered at scrape time, from the dict.
   it is not; computed at scrape time.
 - ``serve_health_agent_fallback_writes_total{kind,result}``: fallback writes (``kind`` label,
   condition or event) by ``result``: success, error (each failed attempt), not_found (the pod is
-  gone), dropped (an aggregator came back before it was sent).
+  gone), dropped (an aggregator came back before it was sent), conflict (the pod changed since
+  the version the write was decided on: decided again).
+- ``serve_health_agent_fallback_lease_renewed``: 1 while the aggregators' Lease is seen renewed
+  by an agent without a stream (the gate holds its fallback back), else 0.
+- ``serve_health_agent_fallback_api_slot_seconds``: seconds between two slots of the agent's
+  share of the fleet's API budget (``--fallback-api-budget``).
+- ``serve_health_agent_fallback_api_wait_seconds_total``: time fallback requests waited for a
+  slot.
 """
 
 from __future__ import annotations
@@ -129,8 +136,25 @@ class AgentMetrics:
             f"{PREFIX}_fallback_writes",
             "Fallback writes by kind (label, condition, event) and result (success; error: each "
             "failed attempt; not_found: the pod is gone; dropped: an aggregator came back "
-            "before it was sent).",
+            "before it was sent; conflict: the pod changed since the write was decided).",
             ["kind", "result"],
+            registry=r,
+        )
+        self._lease_renewed = Gauge(
+            f"{PREFIX}_fallback_lease_renewed",
+            "1 while the aggregators' Lease is seen renewed by this agent without a stream (its "
+            "fallback is held back), else 0.",
+            registry=r,
+        )
+        self._slot_seconds = Gauge(
+            f"{PREFIX}_fallback_api_slot_seconds",
+            "Seconds between two slots of this agent's share of the fleet's API budget in "
+            "fallback (--fallback-api-budget, the fleet size the aggregator announced).",
+            registry=r,
+        )
+        self._waited = Counter(
+            f"{PREFIX}_fallback_api_wait_seconds",
+            "Time fallback requests waited for a slot of this agent's API budget.",
             registry=r,
         )
 
@@ -161,6 +185,15 @@ class AgentMetrics:
 
     def fallback_write(self, kind: str, result: str) -> None:
         self._fallback_writes.labels(kind, result).inc()
+
+    def fallback_gauges(
+        self, lease_renewed: Callable[[], float], slot_seconds: Callable[[], float]
+    ) -> None:
+        self._lease_renewed.set_function(lease_renewed)
+        self._slot_seconds.set_function(slot_seconds)
+
+    def fallback_waited(self, seconds: float) -> None:
+        self._waited.inc(seconds)
 
 
 class Readiness(Protocol):

@@ -39,7 +39,17 @@ class MetricsSink(Protocol):
 
     def fallback_write(self, kind: str, result: str) -> None:
         """A fallback write (``label``, ``condition`` or ``event``) ended with ``result``
-        (``success``, ``error``, ``not_found``, ``dropped``)."""
+        (``success``, ``error``, ``not_found``, ``dropped``, ``conflict``)."""
+
+    def fallback_gauges(
+        self, lease_renewed: Callable[[], float], slot_seconds: Callable[[], float]
+    ) -> None:
+        """At scrape time: whether the aggregators' Lease is seen renewed (1) or not (0: not
+        read, not renewed, or none named), and the seconds between two slots of the agent's
+        API budget."""
+
+    def fallback_waited(self, seconds: float) -> None:
+        """A fallback request waited ``seconds`` for the agent's next slot."""
 
 
 class NoMetrics:
@@ -64,6 +74,14 @@ class NoMetrics:
         pass
 
     def fallback_write(self, kind: str, result: str) -> None:
+        pass
+
+    def fallback_gauges(
+        self, lease_renewed: Callable[[], float], slot_seconds: Callable[[], float]
+    ) -> None:
+        pass
+
+    def fallback_waited(self, seconds: float) -> None:
         pass
 
 

@@ -47,9 +47,12 @@ LONGEST_FIRST: tuple[str, ...] = (
     "tests/deploy/test_agent_admission_policy.py",
     "tests/kube/test_fallback_outage.py",
     "tests/kube/test_fallback_lease_processes.py",
+    "tests/kube/test_fallback_refused_processes.py",
     "tests/deploy/test_kustomize.py",
     "tests/e2e/test_demo.py",  # after the groups' Rays have started, not beside them
     "tests/kube/test_agent_liveness.py",
+    "tests/kube/test_fallback_lease_daemonset_processes.py",
+    "tests/kube/test_lease_release_processes.py",
     "tests/unit/test_panic_trials.py",
     "tests/kube/test_pull_fallback.py",
     "tests/aggregator/test_pull_sweep.py",

@@ -161,3 +161,28 @@ def test_fallback_metrics() -> None:
     labels = {"kind": "condition", "result": "success"}
     assert value("serve_health_agent_fallback_writes_total", labels) == 1
     assert value("serve_health_agent_fallback_writes_total", {"kind": "event", "result": "error"})
+
+
+def test_the_gate_and_budget_metrics() -> None:
+    metrics = AgentMetrics()
+    value = metrics.registry.get_sample_value
+    renewed, slot = [1.0], [5.0]
+    metrics.fallback_gauges(lambda: renewed[0], lambda: slot[0])
+    assert value("serve_health_agent_fallback_lease_renewed") == 1
+    assert value("serve_health_agent_fallback_api_slot_seconds") == 5
+    renewed[0], slot[0] = 0.0, 550.0  # at scrape time
+    assert value("serve_health_agent_fallback_lease_renewed") == 0
+    assert value("serve_health_agent_fallback_api_slot_seconds") == 550
+    metrics.fallback_waited(2.5)
+    metrics.fallback_waited(1.0)
+    assert value("serve_health_agent_fallback_api_wait_seconds_total") == 3.5
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{"fallback_api_budget": 0.0}, {"fallback_fleet_size": 0}],
+    ids=["no-budget", "no-fleet"],
+)
+def test_a_budget_or_fleet_of_nothing_is_refused(overrides: dict[str, object]) -> None:
+    with pytest.raises(ValueError, match="--fallback-api-budget must be positive"):
+        AgentFlags(aggregator="x:1", **overrides)  # type: ignore[arg-type]
