@@ -31,7 +31,11 @@ def count_agent_writes(
     found = registry.changed_by_agents(since)
     metrics.agent_fallback_pods.set(found)
     if found:
-        after = f"since {previous.renew_time} (the last leader's last renewal)" if since else ""
+        after = (
+            f"since {previous.renew_time} (the last leader's last renewal)"
+            if since is not None and previous is not None
+            else ""
+        )
         log.warning(
             "%d pods were written by agents in fallback (no aggregator answered them) %s; "
             "seeded from what they carry, nothing rewritten",

@@ -113,6 +113,7 @@ class InspectionService(pb_grpc.InspectionServiceServicer):
                 grpc.StatusCode.NOT_FOUND,
                 f"pod {request.namespace}/{request.name} is not tracked",
             )
+            raise AssertionError("unreachable")  # pragma: no cover - abort raises
         return self._pod(record, *self._clocks())
 
     async def GetSummary(

@@ -22,6 +22,7 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from aggregator.metrics import Metrics
 from aggregator.serve_view import BadView, ServeView, parse_view
@@ -119,7 +120,7 @@ class ServeViewPoller:
             *(self._poll(cluster, url, token) for cluster, url in self._urls.items())
         )
 
-    def _token(self) -> str | bool | None:
+    def _token(self) -> str | Literal[False] | None:
         """The token to send (None: none), or False when its file cannot be read."""
         path = self.settings.token_file
         if not path:

@@ -248,7 +248,8 @@ class Tracker:
         settings = self.settings
         transitions = self._expire(self._kept, now, settings.kept_ttl, "report or resync")
         transitions += self._expire(self._pushed, now, settings.heartbeat_ttl, "report")
-        transitions += self._expire(self._pulled, now, settings.pull_ttl, "successful pull")
+        pull_ttl = settings.heartbeat_ttl if settings.pull_ttl is None else settings.pull_ttl
+        transitions += self._expire(self._pulled, now, pull_ttl, "successful pull")
         return transitions
 
     def _expire(

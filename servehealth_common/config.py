@@ -150,7 +150,7 @@ def _is_repeatable(kind: Any) -> bool:
 def _render_default(field: dataclasses.Field[Any]) -> str:
     if field.metadata.get("shown"):
         return str(field.metadata["shown"])
-    value = field.default
+    value: Any = field.default
     if isinstance(value, tuple):
         return ",".join(value)
     if field.metadata.get("duration"):
@@ -276,7 +276,7 @@ def load(
 ) -> T:
     """Build ``cls`` from flags and the environment; exits with a usage error on bad input."""
     parser = build_parser(cls, prog, description, environ)
-    flags = [flag_name(field) for field in dataclasses.fields(cls)]
+    flags = [flag_name(field) for field in dataclasses.fields(typing.cast(Any, cls))]
     given = sys.argv[1:] if argv is None else argv
     values = vars(parser.parse_args(_attach_negative_values(given, flags)))
     for value in values.values():

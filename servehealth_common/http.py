@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import socket
+import typing
 from typing import NamedTuple
 from urllib.parse import urlsplit
 
@@ -212,7 +213,7 @@ async def _connect(target: Target) -> _Connection:
         addresses = [target.host]
     else:
         infos = await loop.getaddrinfo(target.host, target.port, type=socket.SOCK_STREAM)
-        addresses = list(dict.fromkeys(info[4][0] for info in infos))
+        addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
     tls = target.scheme == "https"
     errors: list[OSError] = []
     for address in addresses:
@@ -229,9 +230,9 @@ async def _connect(target: Target) -> _Connection:
             errors.append(error)
         else:
             return connection
-    for error in errors:  # an address that did not refuse says more
-        if not isinstance(error, ConnectionRefusedError):
-            raise error
+    for failure in errors:  # an address that did not refuse says more
+        if not isinstance(failure, ConnectionRefusedError):
+            raise failure
     raise errors[0]
 
 
@@ -295,7 +296,7 @@ class _Connection(asyncio.Protocol):
         assert self._transport is not None, "not connected"
         assert self._waiter is None, "one request at a time"
         http = self._http
-        data = http.send(request) + http.send(_END)  # type: ignore[operator]
+        data = http.send(request) + http.send(_END)
         self.answered, self._status, self._body = False, 0, bytearray()
         self._max_body = max_body
         self._waiter = asyncio.get_running_loop().create_future()
@@ -316,7 +317,7 @@ class _Connection(asyncio.Protocol):
     # -- asyncio.Protocol ----------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport
+        self._transport = typing.cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         if self._waiter is None or self._waiter.done():
@@ -360,9 +361,9 @@ class _Connection(asyncio.Protocol):
                 if event is h11.NEED_DATA:
                     return
                 kind = type(event)
-                if kind is h11.Response:
+                if isinstance(event, h11.Response):
                     self._status = event.status_code
-                elif kind is h11.Data:
+                elif isinstance(event, h11.Data):
                     self._body += event.data
                     if len(self._body) >= self._max_body:  # enough: no draining the rest
                         self._finish(reusable=False)
@@ -386,4 +387,5 @@ class _Connection(asyncio.Protocol):
 
     def _finish(self, reusable: bool) -> None:
         body = bytes(self._body[: self._max_body])
+        assert self._waiter is not None
         self._waiter.set_result((Response(self._status, body), reusable))

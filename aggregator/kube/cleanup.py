@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import enum
+import functools
 import logging
 import random
 import time
@@ -215,7 +216,7 @@ class Cleaner:
         async with self._slots:
             for change in pod.changes:
                 try:
-                    await self._retrier.call(lambda c=change: self._send(pod.key, c))
+                    await self._retrier.call(functools.partial(self._send, pod.key, change))
                 except APINotFoundError:
                     self._out(f"{pod.key}: gone (deleted meanwhile); nothing to clean up")
                     return CleanupOutcome.GONE
