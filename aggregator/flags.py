@@ -205,6 +205,7 @@ class AggregatorFlags:
         "pod. Newer agents report on change and resync every --resync-interval; their "
         "liveness is their connection's (--keepalive-time).",
         duration=True,
+        hidden=True,  # for agents before 0.2.0 only: not on --help
     )
     resync_interval: float = setting(
         30.0,
@@ -313,6 +314,7 @@ class AggregatorFlags:
         "Deprecated and ignored: a pod that turns UNHEALTHY or SILENT no longer waits; the "
         "aggregator looks at other pods instead (README, Self-protection).",
         duration=True,
+        hidden=True,  # deprecated: not on --help
     )
     panic_min_pods: int = setting(
         3, "PANIC needs at least this many UNHEALTHY or SILENT pods (small fleets)."

@@ -129,8 +129,10 @@ below are generated from the settings dataclasses, so they list every setting th
 - **Precedence.** A flag wins over the environment, which wins over the default.
 - **Values.** A *duration* is `500ms`, `3s`, `1m`, `1h` or plain seconds (`2.5`); a negative
   one (`--heartbeat-ttl -1s`) is read as such and refused by the check of its setting. A
-  *boolean*
-  is `true`/`false` (also `1`/`0`, `yes`/`no`, `on`/`off`). A *list* setting is a flag given
+  *boolean* is a switch: the flag alone (`--dry-run`) means true; a value is `true`/`false`
+  (also `1`/`0`, `yes`/`no`, `on`/`off`: `--dry-run=false`). Deprecated flags
+  (`--panic-settle`, and `--heartbeat-interval`, for agents before 0.2.0) are accepted and
+  listed here, not on `--help`. A *list* setting is a flag given
   once per value (`--namespace a --namespace b`), or one comma-separated variable
   (`{ENV_PREFIX}NAMESPACE=a,b`).
 - **Errors.** A bad value (from a flag, or from a variable that no flag overrides) stops the

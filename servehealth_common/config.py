@@ -108,12 +108,15 @@ def setting(
     choices: Sequence[str] | None = None,
     metavar: str | None = None,
     shown: str | None = None,
+    hidden: bool = False,
 ) -> Any:
     """Declare a settings field with its documentation.
 
     A field typed ``tuple[str, ...]`` is a repeatable flag (``--namespace a --namespace b``),
-    and a comma-separated list in the environment. ``shown`` replaces the rendered default in
-    help and docs (e.g. "(required)").
+    and a comma-separated list in the environment. A field typed ``bool`` is a switch:
+    ``--dry-run`` alone means true, ``--dry-run=false`` (or ``--dry-run false``) false.
+    ``shown`` replaces the rendered default in help and docs (e.g. "(required)"). ``hidden``:
+    accepted but left out of ``--help`` (deprecated flags; the docs still list them).
     """
     return dataclasses.field(
         default=default,
@@ -123,6 +126,7 @@ def setting(
             "choices": choices,
             "metavar": metavar,
             "shown": shown,
+            "hidden": hidden,
         },
     )
 
@@ -193,6 +197,8 @@ def build_parser(
     for field in dataclasses.fields(cls):
         env = env_name(field)
         help_text = f"{field.metadata['help']} (default: {_render_default(field)}; env {env})"
+        if field.metadata.get("hidden"):
+            help_text = argparse.SUPPRESS
         metavar = field.metadata.get("metavar") or field.name.upper()
         if _is_repeatable(hints[field.name]):
             # Repeatable: argparse appends to a list; None means "not given on the command line".
@@ -211,6 +217,10 @@ def build_parser(
                     raise ValueError(f"{default!r} is not one of {list(choices)}")
             except ValueError as error:
                 default = _BadEnv(f"environment variable {env}: {error}")
+        switch: dict[str, Any] = {}
+        if hints[field.name] is bool:  # --flag alone: true
+            switch = {"nargs": "?", "const": True}
+            metavar = "true|false"
         parser.add_argument(
             flag_name(field),
             dest=field.name,
@@ -219,6 +229,7 @@ def build_parser(
             choices=choices,
             metavar=None if choices else metavar,
             help=help_text,
+            **switch,
         )
     return parser
 
