@@ -73,6 +73,10 @@ class InspectionService(pb_grpc.InspectionServiceServicer):
         if self._shadow is not None:
             message.carried = self._shadow.carried(record.key)
         if self._registry is not None:
+            view = self._registry.view(record.key)
+            if view is not None:  # the kubelet's side (issue 27): a backend that watches pods
+                message.kubelet_checks_serve = view.kubelet_checks_serve
+                message.kubelet_ready = view.kubelet_ready
             found = self._registry.override(record.key)
             if found.label is not None:  # the probed state stays; the rest says "override"
                 message.override = str(found.value)
@@ -138,6 +142,9 @@ class InspectionService(pb_grpc.InspectionServiceServicer):
             would_leave=shadow.would_leave,
             overridden_out_of_service=overridden.get(override.OUT_OF_SERVICE, 0),
             overridden_in_service=overridden.get(override.IN_SERVICE, 0),
+            pods_kubelet_checks_serve=self._registry.pods_kubelet_checks_serve()
+            if self._registry
+            else 0,
         )
 
     async def WatchTransitions(

@@ -215,6 +215,13 @@ class Metrics:
         )
         for kind in ("label", "condition"):  # every series from the start, for dashboards
             self.write_delay.labels(kind)
+        self.pods_kubelet_checks_serve = Gauge(
+            f"{PREFIX}_pods_kubelet_checks_serve",
+            "Pods whose readiness probe (the kubelet's) checks the Serve proxy too, as KubeRay's "
+            "injected probe does: for them a Service routes only where both agree, so fail "
+            "static and no proxy by design cannot hold (issue 27; docs/install.md).",
+            registry=r,
+        )
         self.agent_fallback_pods = Gauge(
             f"{PREFIX}_agent_fallback_pods",
             "Pods that agents in fallback wrote (no aggregator answered them) since the previous "

@@ -66,6 +66,10 @@ class PodViewFacts:
     gated: bool
     #: Whether the pod is under an override the aggregator honours.
     overridden: bool
+    #: Whether the kubelet's readiness probe checks the Serve proxy too, and the pod's Ready
+    #: condition ("True", "False"; "" unknown): GetPod, ListPods (issue 27).
+    kubelet_checks_serve: bool = False
+    kubelet_ready: str = ""
 
 
 class PodRegistry(abc.ABC):
@@ -105,6 +109,10 @@ class PodRegistry(abc.ABC):
     def view(self, key: PodKey) -> PodViewFacts | None:
         """What the backend's watch last showed of the pod (None: it watches no pods)."""
         return None
+
+    def pods_kubelet_checks_serve(self) -> int:
+        """Pods whose readiness probe checks the Serve proxy too (none known here)."""
+        return 0
 
     def views_changed(self, key: PodKey) -> None:
         """What :meth:`view` shows of ``key`` may have changed: tell the view listener."""

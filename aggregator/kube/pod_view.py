@@ -18,4 +18,6 @@ def pod_view(pod: KubePod, label_key: str, condition_type: str) -> PodViewFacts:
         condition=pod.conditions.get(condition_type),
         gated=condition_type in pod.readiness_gates,
         overridden=pod.override.value is not None,
+        kubelet_checks_serve=pod.kubelet_checks_serve,
+        kubelet_ready=pod.kubelet_ready,
     )

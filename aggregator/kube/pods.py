@@ -6,6 +6,7 @@ import datetime
 from dataclasses import dataclass
 from typing import Any
 
+from aggregator.kube.kubelet_probe import checks_serve, ready_condition
 from aggregator.override import ANNOTATION, NONE, Override
 from aggregator.write_rule import condition_value
 from servehealth_common import fallback_marks
@@ -36,6 +37,10 @@ class KubePod:
     #: Whether it carries the annotation of an agent's label write (removed with the label's
     #: next write by the aggregator).
     fallback_annotated: bool = False
+    #: Whether a container's readiness probe checks the Serve proxy too
+    #: (:mod:`aggregator.kube.kubelet_probe`), and its Ready condition ("" unknown).
+    kubelet_checks_serve: bool = False
+    kubelet_ready: str = ""
 
     @property
     def key(self) -> PodKey:
@@ -49,6 +54,19 @@ class KubePod:
     @property
     def head(self) -> bool:
         return self.labels.get(NODE_TYPE_LABEL) == "head"
+
+
+def older(pod: KubePod, known: KubePod) -> bool:
+    """Whether ``pod`` is an earlier version of the same pod than ``known``.
+
+    resourceVersions are opaque to clients in general; every API server in use (etcd's
+    revisions) makes them integers that grow with each write, and only then are they compared
+    here. Anything else (or another uid: a new pod of the same name) counts as newer.
+    """
+    if pod.info.uid != known.info.uid:
+        return False
+    new, old = pod.resource_version, known.resource_version
+    return new.isdigit() and old.isdigit() and int(new) < int(old)
 
 
 def parse_pod(pod: dict[str, Any], default_port: int) -> KubePod:
@@ -78,6 +96,8 @@ def parse_pod(pod: dict[str, Any], default_port: int) -> KubePod:
         override=Override.parse((metadata.get("annotations") or {}).get(ANNOTATION)),
         fallback_mark=fallback_mark(pod),
         fallback_annotated=fallback_marks.ANNOTATION in (metadata.get("annotations") or {}),
+        kubelet_checks_serve=checks_serve(pod, info.serve_port, info.grpc_port),
+        kubelet_ready=ready_condition(pod),
     )
 
 

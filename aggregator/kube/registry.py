@@ -18,8 +18,9 @@ from typing import Any
 from aggregator.kube.api import KubeApi
 from aggregator.kube.discovery import Discovery
 from aggregator.kube.events import EventRecorder
+from aggregator.kube.kubelet_probe import KubeletWarnings
 from aggregator.kube.pod_view import pod_view
-from aggregator.kube.pods import KubePod, parse_pod
+from aggregator.kube.pods import KubePod, older, parse_pod
 from aggregator.kube.shadow import ShadowEvents, ShadowWriter
 from aggregator.kube.writer import Writer, WriterSettings
 from aggregator.metrics import Metrics
@@ -69,19 +70,6 @@ class KubeSettings:
         return self.mode in ("condition", "both")
 
 
-def older(pod: KubePod, known: KubePod) -> bool:
-    """Whether ``pod`` is an earlier version of the same pod than ``known``.
-
-    resourceVersions are opaque to clients in general; every API server in use (etcd's
-    revisions) makes them integers that grow with each write, and only then are they compared
-    here. Anything else (or another uid: a new pod of the same name) counts as newer.
-    """
-    if pod.info.uid != known.info.uid:
-        return False
-    new, old = pod.resource_version, known.resource_version
-    return new.isdigit() and old.isdigit() and int(new) < int(old)
-
-
 class KubeRegistry(PodRegistry):
     name = "kubernetes"
     seeds_from_cluster = True
@@ -91,6 +79,8 @@ class KubeRegistry(PodRegistry):
         self.settings = settings
         self._metrics = metrics
         self._pods: dict[PodKey, KubePod] = {}
+        self._kubelet = KubeletWarnings()
+        metrics.pods_kubelet_checks_serve.set_function(self.pods_kubelet_checks_serve)
         self._sink: PodSink | None = None
         self.writer: Writer | ShadowWriter = Writer(
             api,
@@ -245,6 +235,9 @@ class KubeRegistry(PodRegistry):
         pod = self._pods.get(key)
         return pod.info if pod else None
 
+    def pods_kubelet_checks_serve(self) -> int:
+        return sum(pod.kubelet_checks_serve for pod in self._pods.values())
+
     def view(self, key: PodKey) -> PodViewFacts | None:
         pod = self._pods.get(key)
         return pod_view(pod, self.settings.label_key, self.settings.condition_type) if pod else None
@@ -298,6 +291,7 @@ class KubeRegistry(PodRegistry):
             return
         self._pods[pod.key] = pod
         self.views_changed(pod.key)
+        self._kubelet.seen(pod.key.namespace, pod.cluster, pod.key.name, pod.kubelet_checks_serve)
         assert self._sink is not None
         gated = (
             self.settings.writes_condition and self.settings.condition_type in pod.readiness_gates

@@ -6,8 +6,7 @@ from typing import Any
 
 import pytest
 
-from aggregator.kube.pods import parse_pod
-from aggregator.kube.registry import older
+from aggregator.kube.pods import older, parse_pod
 
 
 def pod(resource_version: str, uid: str = "u1") -> Any:

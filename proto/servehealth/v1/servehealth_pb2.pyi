@@ -209,7 +209,7 @@ class WatchTransitionsRequest(_message.Message):
     def __init__(self, namespace: _Optional[str] = ...) -> None: ...
 
 class Pod(_message.Message):
-    __slots__ = ("namespace", "name", "uid", "node_name", "state", "reason", "http_status", "source", "last_report_age", "desired_label", "agent_connected", "probe_latency", "state_since", "carried", "override")
+    __slots__ = ("namespace", "name", "uid", "node_name", "state", "reason", "http_status", "source", "last_report_age", "desired_label", "agent_connected", "probe_latency", "state_since", "carried", "override", "kubelet_checks_serve", "kubelet_ready")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     UID_FIELD_NUMBER: _ClassVar[int]
@@ -225,6 +225,8 @@ class Pod(_message.Message):
     STATE_SINCE_FIELD_NUMBER: _ClassVar[int]
     CARRIED_FIELD_NUMBER: _ClassVar[int]
     OVERRIDE_FIELD_NUMBER: _ClassVar[int]
+    KUBELET_CHECKS_SERVE_FIELD_NUMBER: _ClassVar[int]
+    KUBELET_READY_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     name: str
     uid: str
@@ -240,10 +242,12 @@ class Pod(_message.Message):
     state_since: _timestamp_pb2.Timestamp
     carried: str
     override: str
-    def __init__(self, namespace: _Optional[str] = ..., name: _Optional[str] = ..., uid: _Optional[str] = ..., node_name: _Optional[str] = ..., state: _Optional[_Union[ServeState, str]] = ..., reason: _Optional[str] = ..., http_status: _Optional[int] = ..., source: _Optional[_Union[Source, str]] = ..., last_report_age: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., desired_label: _Optional[str] = ..., agent_connected: _Optional[bool] = ..., probe_latency: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., state_since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., carried: _Optional[str] = ..., override: _Optional[str] = ...) -> None: ...
+    kubelet_checks_serve: bool
+    kubelet_ready: str
+    def __init__(self, namespace: _Optional[str] = ..., name: _Optional[str] = ..., uid: _Optional[str] = ..., node_name: _Optional[str] = ..., state: _Optional[_Union[ServeState, str]] = ..., reason: _Optional[str] = ..., http_status: _Optional[int] = ..., source: _Optional[_Union[Source, str]] = ..., last_report_age: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., desired_label: _Optional[str] = ..., agent_connected: _Optional[bool] = ..., probe_latency: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., state_since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., carried: _Optional[str] = ..., override: _Optional[str] = ..., kubelet_checks_serve: _Optional[bool] = ..., kubelet_ready: _Optional[str] = ...) -> None: ...
 
 class Summary(_message.Message):
-    __slots__ = ("pods", "pods_by_state", "agents_connected", "label_key", "panic", "pods_in_pull_mode", "panic_held_writes", "dry_run", "would_enter", "would_leave", "overridden_out_of_service", "overridden_in_service")
+    __slots__ = ("pods", "pods_by_state", "agents_connected", "label_key", "panic", "pods_in_pull_mode", "panic_held_writes", "dry_run", "would_enter", "would_leave", "overridden_out_of_service", "overridden_in_service", "pods_kubelet_checks_serve")
     class PodsByStateEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -263,6 +267,7 @@ class Summary(_message.Message):
     WOULD_LEAVE_FIELD_NUMBER: _ClassVar[int]
     OVERRIDDEN_OUT_OF_SERVICE_FIELD_NUMBER: _ClassVar[int]
     OVERRIDDEN_IN_SERVICE_FIELD_NUMBER: _ClassVar[int]
+    PODS_KUBELET_CHECKS_SERVE_FIELD_NUMBER: _ClassVar[int]
     pods: int
     pods_by_state: _containers.ScalarMap[str, int]
     agents_connected: int
@@ -275,7 +280,8 @@ class Summary(_message.Message):
     would_leave: int
     overridden_out_of_service: int
     overridden_in_service: int
-    def __init__(self, pods: _Optional[int] = ..., pods_by_state: _Optional[_Mapping[str, int]] = ..., agents_connected: _Optional[int] = ..., label_key: _Optional[str] = ..., panic: _Optional[bool] = ..., pods_in_pull_mode: _Optional[int] = ..., panic_held_writes: _Optional[int] = ..., dry_run: _Optional[bool] = ..., would_enter: _Optional[int] = ..., would_leave: _Optional[int] = ..., overridden_out_of_service: _Optional[int] = ..., overridden_in_service: _Optional[int] = ...) -> None: ...
+    pods_kubelet_checks_serve: int
+    def __init__(self, pods: _Optional[int] = ..., pods_by_state: _Optional[_Mapping[str, int]] = ..., agents_connected: _Optional[int] = ..., label_key: _Optional[str] = ..., panic: _Optional[bool] = ..., pods_in_pull_mode: _Optional[int] = ..., panic_held_writes: _Optional[int] = ..., dry_run: _Optional[bool] = ..., would_enter: _Optional[int] = ..., would_leave: _Optional[int] = ..., overridden_out_of_service: _Optional[int] = ..., overridden_in_service: _Optional[int] = ..., pods_kubelet_checks_serve: _Optional[int] = ...) -> None: ...
 
 class Transition(_message.Message):
     __slots__ = ("namespace", "name", "from_state", "to_state", "source", "reason", "desired_label", "time")
