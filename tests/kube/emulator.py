@@ -774,6 +774,9 @@ class _Change:
     prev: dict[str, Any] | None
 
 
+#: One committed change, as ``KubeEmulator.subscribe`` delivers it.
+StoreChange = _Change
+
 _DROP = object()
 _ABORT = object()
 
@@ -850,6 +853,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
     wall_clock: Callable[[], float] = _unix_time
     _tokens: dict[str, IssuedToken] = attrs.field(factory=dict, init=False)
     _signing_key: bytes = attrs.field(factory=lambda: secrets.token_bytes(32), init=False)
+    _subscribers: list[asyncio.Queue[StoreChange]] = attrs.field(factory=list, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()  # kmock's discovery and LIST/WATCH/FETCH/... fallbacks
@@ -1108,6 +1112,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
             self._floor = dropped[-1].rv
         for watch in self._watches:
             watch.queue.put_nowait(change)
+        for subscriber in self._subscribers:
+            subscriber.put_nowait(change)
         self._wake_waiters()
         return copy.deepcopy(state)
 
@@ -1381,6 +1387,22 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 "metadata": {"resourceVersion": str(self._rv if rv is None else rv)},
             },
         }
+
+    # ---- in-process subscribers (tests/kube/kubelet.py, tests/kube/endpoints.py) ---------------
+
+    def subscribe(self) -> asyncio.Queue[StoreChange]:
+        """Every change committed from now on, in order, as :class:`StoreChange` items: an
+        in-process informer for test-side controllers (the kubelet, the EndpointSlice
+        controller). Not a watch: no HTTP, not in ``watch_count``, not ended by
+        ``drop_watches`` or ``close``; ``unsubscribe`` when done. The items share the store's
+        copies: read them, never change them."""
+        queue: asyncio.Queue[StoreChange] = asyncio.Queue()
+        self._subscribers.append(queue)
+        return queue
+
+    def unsubscribe(self, queue: asyncio.Queue[StoreChange]) -> None:
+        with contextlib.suppress(ValueError):
+            self._subscribers.remove(queue)
 
     # ---- watches -----------------------------------------------------------------------------
 

@@ -1,0 +1,27 @@
+"""``KubeEmulator.subscribe``: the in-process informer of the test-side controllers (the kubelet
+and the EndpointSlice controller, tests/kube/kubelet.py and tests/kube/endpoints.py)."""
+
+from __future__ import annotations
+
+from tests.kube.emulator import PODS, KubeEmulator
+
+
+async def test_every_committed_change_in_order_and_no_watch(kube_emulator: KubeEmulator) -> None:
+    kube = kube_emulator
+    queue = kube.subscribe()
+    kube.add_pod("default", "a")
+    kube.modify_pod("default", "a", labels={"x": "1"})
+    kube.modify_pod("default", "a", labels={"x": "1"})  # changes nothing: no change
+    kube.delete_pod("default", "a")
+    changes = [queue.get_nowait() for _ in range(queue.qsize())]
+    assert [c.type for c in changes] == ["ADDED", "MODIFIED", "DELETED"]
+    assert all(c.resource == PODS for c in changes)
+    versions = [c.rv for c in changes]
+    assert versions == sorted(versions) and versions[-1] == int(kube.resource_version)
+    assert changes[1].prev is not None and "x" not in changes[1].prev["metadata"]["labels"]
+    assert kube.watch_count == 0  # not a watch
+    kube.drop_watches()
+    kube.unsubscribe(queue)
+    kube.add_pod("default", "b")
+    assert queue.empty()
+    kube.unsubscribe(queue)  # twice is harmless
