@@ -451,7 +451,7 @@ def test_daemonset_runs_the_agent_in_daemonset_mode_on_every_node(directory: str
     # Every taint: GPU and other dedicated Ray pools are tainted.
     assert spec["tolerations"] == [{"operator": "Exists"}]
     assert "affinity" not in spec
-    assert "nodeSelector" not in spec
+    assert spec["nodeSelector"] == {"kubernetes.io/os": "linux"}  # Linux nodes only
     priority = find(objects, "PriorityClass", spec["priorityClassName"])
     assert priority["preemptionPolicy"] == "Never"  # never evicts a Ray pod to get in
     assert 0 < priority["value"] <= 1_000_000_000
