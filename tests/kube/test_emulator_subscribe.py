@@ -17,8 +17,10 @@ async def test_every_committed_change_in_order_and_no_watch(kube_emulator: KubeE
     assert [c.type for c in changes] == ["ADDED", "MODIFIED", "DELETED"]
     assert all(c.resource == PODS for c in changes)
     versions = [c.rv for c in changes]
-    assert versions == sorted(versions) and versions[-1] == int(kube.resource_version)
-    assert changes[1].prev is not None and "x" not in changes[1].prev["metadata"]["labels"]
+    assert versions == sorted(versions)
+    assert versions[-1] == int(kube.resource_version)
+    assert changes[1].prev is not None
+    assert "x" not in changes[1].prev["metadata"]["labels"]
     assert kube.watch_count == 0  # not a watch
     kube.drop_watches()
     kube.unsubscribe(queue)
