@@ -60,6 +60,23 @@ docstring invites) adds it, following the documented API semantics
   kmock's DSL (``fail_next``, ``throttle_patches``, ``pod_not_found``, ``slow``; ``drop_watches``
   is the one fault the DSL cannot express, as watches are served by the emulator, not by a
   reaction).
+- ``subscribe()``: every committed change, in process (not a watch), for the test-side
+  controllers that add what a cluster puts between our write and the traffic:
+
+  - tests/kube/kubelet.py, a kubelet for chosen pods or a node: runs each container's
+    ``readinessProbe`` (``httpGet``, ``tcpSocket``, ``grpc``, and KubeRay's injected ``exec``
+    ``wget ... | grep success`` chains, parsed, never run in a shell) against loopback servers
+    on its period, with ``initialDelaySeconds``, ``timeoutSeconds`` and the failure/success
+    thresholds, on real or fake time, and writes ``ContainersReady`` and ``Ready`` (readiness
+    gates included, re-evaluated when a gate's condition is written) into the store on change.
+    It does not run liveness or startup probes, restart containers, change a pod's phase,
+    initialize it, assign its IP or run any other exec command (that probe fails, with a
+    WARNING).
+  - tests/kube/endpoints.py, the EndpointSlice controller: Services (in the store) and their
+    EndpointSlices (pods that match the selector, ``ready``/``serving``/``terminating`` as
+    Kubernetes sets them), so that a test asks "is this pod an endpoint of
+    ``<rayservice>-serve-svc``". It does not split slices at 100 endpoints, add topology, serve
+    IPv6 or the legacy Endpoints, or delete gracefully (a test sets ``deletionTimestamp``).
 
 Known differences from a real API server: no authentication/authorization/admission/validation
 of the emulator's own clients (TokenReview checks only the tokens it issued, and no

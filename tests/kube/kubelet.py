@@ -34,16 +34,17 @@ real loopback ports: :meth:`Kubelet.map_ports` says "port 52365 of pod X is 127.
 (every probe kind, by container port number after resolving a named port).
 
 Status writes go straight into the emulator's store (watches see MODIFIED, resourceVersions
-move; no HTTP request is recorded), only when something changed: ``status.containerStatuses``
-(``ready``, ``started``) and the conditions, as ``pkg/kubelet/status/generate.go`` computes
-them: ``ContainersReady`` is True when every container is ready (one without a readiness probe
-is ready once running), else False with reason ``ContainersNotReady``; ``Ready`` is False with
-the same reason and message while containers are not ready, else False with reason
-``ReadinessGatesNotReady`` while a ``spec.readinessGates`` condition is absent or not True,
-else True. ``lastTransitionTime`` moves only when the status does. Any change to a managed pod
-(e.g. the aggregator's write of a readiness-gate condition) makes the kubelet re-evaluate
-``Ready`` at once, as the kubelet's ``HandlePodReconcile`` does on a status change
-(``NeedToReconcilePodReadiness``), not at the next probe.
+move; no HTTP request is recorded), only when a condition changed (``status.containerStatuses``,
+``ready`` and ``started``, go along with it). The conditions, as
+``pkg/kubelet/status/generate.go`` computes them: ``ContainersReady`` is True when every
+container is ready (one without a readiness probe is ready once running), else False with
+reason ``ContainersNotReady``; ``Ready`` is False with the same reason and message while
+containers are not ready, else False with reason ``ReadinessGatesNotReady`` while a
+``spec.readinessGates`` condition is absent or not True, else True. ``lastTransitionTime``
+moves only when the status does. Any change to a managed pod (e.g. the aggregator's write of a
+readiness-gate condition) makes the kubelet re-evaluate ``Ready`` at once, as the kubelet's
+``HandlePodReconcile`` does on a status change (``NeedToReconcilePodReadiness``), not at the
+next probe.
 
 Time: ``clock`` (default: the event loop's) schedules probes; a :class:`FakeClock` with
 :meth:`Kubelet.advance` moves it by hand, and ``advance`` returns once every probe due in that
