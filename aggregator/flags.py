@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, fields
+from typing import ClassVar
 
-from aggregator import leader_flags
+from aggregator import flag_sections, leader_flags
 from servehealth_common import flags as shared
 from servehealth_common.config import check_listen_address, setting
 from servehealth_common.tls import (
@@ -62,6 +63,9 @@ def _shown(value: float, *, duration: bool) -> str:
 
 @dataclass(frozen=True)
 class AggregatorFlags:
+    #: --help in sections (:mod:`aggregator.flag_sections`).
+    HELP_GROUPS: ClassVar[tuple[tuple[str, str], ...]] = flag_sections.AGGREGATOR
+
     listen: str = setting(
         "0.0.0.0:50051",
         "HOST:PORT of the gRPC server (reports, inspection, grpc.health.v1, reflection); "
@@ -350,20 +354,9 @@ class AggregatorFlags:
                 f"--heartbeat-interval ({self.heartbeat_interval:g}s), or every pod goes SILENT"
             )
         shared.check_shared(kube_timeout=self.kube_timeout, proxy_port=self.proxy_port)
-        if not 0 <= self.ray_dashboard_port < 65536:
-            raise ValueError(f"--ray-dashboard-port must be 0-65535, got {self.ray_dashboard_port}")
-        if not 0 < self.panic_threshold <= 1:
-            raise ValueError(
-                f"--panic-threshold must be in (0, 1] (got {self.panic_threshold:g}); "
-                "1 disables PANIC"
-            )
-        if self.dry_run and self.leader_elect:
-            raise ValueError(
-                "--dry-run writes nothing to the API, not even the Lease --leader-elect needs: "
-                "run one replica without --leader-elect (as deploy/overlays/shadow-mode does)"
-            )
         leader_flags.check(
             enabled=self.leader_elect,
+            dry_run=self.dry_run,
             memory_backend=self.kube_backend == "memory",
             lease_duration=self.leader_elect_lease_duration,
             renew_deadline=self.leader_elect_renew_deadline,
@@ -388,6 +381,8 @@ class AggregatorFlags:
         self._require(_AT_LEAST_ONE, "must be at least 1", lambda value: value >= 1)
         self._require(_NOT_NEGATIVE, "must not be negative", lambda value: value >= 0)
         self._require(("max_message_bytes",), "must be at least 1024", lambda v: v >= 1024)
+        self._require(("ray_dashboard_port",), "must be 0-65535", lambda v: 0 <= v < 65536)
+        self._require(("panic_threshold",), "must be in (0, 1], 1: no PANIC", lambda v: 0 < v <= 1)
 
     def _require(self, names: tuple[str, ...], rule: str, holds: Callable[[float], bool]) -> None:
         durations = {field.name for field in fields(self) if field.metadata.get("duration")}

@@ -103,6 +103,7 @@ def check_label_key(key: str, flag: str) -> None:
 def check(
     *,
     enabled: bool,
+    dry_run: bool = False,
     memory_backend: bool,
     lease_duration: float,
     renew_deadline: float,
@@ -112,6 +113,11 @@ def check(
 ) -> None:
     """Validate the leader-election settings; ValueError naming the flag."""
     duration, deadline, retry = lease_duration, renew_deadline, retry_period
+    if dry_run and enabled:
+        raise ValueError(
+            "--dry-run writes nothing to the API, not even the Lease --leader-elect needs: "
+            "run one replica without --leader-elect (as deploy/overlays/shadow-mode does)"
+        )
     if enabled and memory_backend:
         raise ValueError(
             "--leader-elect needs the kubernetes backend (the Lease lives in the API); "

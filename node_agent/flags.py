@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from dataclasses import dataclass
+from typing import ClassVar
 from urllib.parse import urlsplit
 
 from node_agent.fallback_budget import DEFAULT_FLEET_BUDGET, DEFAULT_FLEET_SIZE
@@ -65,6 +66,16 @@ def check_proxy_url(url: str) -> None:
 
 @dataclass(frozen=True)
 class AgentFlags:
+    #: --help in sections: each title, and the first field of its section (in field order).
+    HELP_GROUPS: ClassVar[tuple[tuple[str, str], ...]] = (
+        ("the aggregator, TLS and the token", "aggregator"),
+        ("probing the Serve proxy", "proxy_url"),
+        ("DaemonSet mode: the pods of this node", "mode"),
+        ("reconnection", "connect_timeout"),
+        ("fallback: when no aggregator answers", "fallback_after"),
+        ("metrics and logging", "metrics_listen"),
+    )
+
     aggregator: str = setting(
         "",
         "HOST:PORT of the aggregator's gRPC server (required): in Kubernetes its Service. "

@@ -194,44 +194,71 @@ def build_parser(
         help="show the program's name and version and exit",
     )
     hints = typing.get_type_hints(cls)
+    sections = _help_sections(cls, parser)
     for field in dataclasses.fields(cls):
-        env = env_name(field)
-        help_text = f"{field.metadata['help']} (default: {_render_default(field)}; env {env})"
-        if field.metadata.get("hidden"):
-            help_text = argparse.SUPPRESS
-        metavar = field.metadata.get("metavar") or field.name.upper()
-        if _is_repeatable(hints[field.name]):
-            # Repeatable: argparse appends to a list; None means "not given on the command line".
-            parser.add_argument(
-                flag_name(field), dest=field.name, action="append", metavar=metavar, help=help_text
-            )
-            continue
-        convert = _parser_for(field, hints[field.name])
-        default: Any = field.default
-        choices = field.metadata.get("choices")
-        if env in environ:
-            # A bad value is an error only if no flag overrides it (checked in load()).
-            try:
-                default = convert(environ[env])
-                if choices and default not in choices:
-                    raise ValueError(f"{default!r} is not one of {list(choices)}")
-            except ValueError as error:
-                default = _BadEnv(f"environment variable {env}: {error}")
-        switch: dict[str, Any] = {}
-        if hints[field.name] is bool:  # --flag alone: true
-            switch = {"nargs": "?", "const": True}
-            metavar = "true|false"
-        parser.add_argument(
-            flag_name(field),
-            dest=field.name,
-            type=convert,
-            default=default,
-            choices=choices,
-            metavar=None if choices else metavar,
-            help=help_text,
-            **switch,
-        )
+        _add_setting(sections.get(field.name, parser), field, hints[field.name], environ)
     return parser
+
+
+def _help_sections(
+    cls: type, parser: argparse.ArgumentParser
+) -> dict[str, argparse._ArgumentGroup]:
+    """Each field's section of ``--help`` (the class's ``HELP_GROUPS``: a title and the first
+    field of each section, in field order); {} without."""
+    starts = dict((first, title) for title, first in getattr(cls, "HELP_GROUPS", ()))
+    sections: dict[str, argparse._ArgumentGroup] = {}
+    current: argparse._ArgumentGroup | None = None
+    for field in dataclasses.fields(cls):
+        if field.name in starts:
+            current = parser.add_argument_group(starts[field.name])
+        if current is not None:
+            sections[field.name] = current
+    return sections
+
+
+def _add_setting(
+    target: argparse.ArgumentParser | argparse._ArgumentGroup,
+    field: dataclasses.Field[Any],
+    kind: Any,
+    environ: Mapping[str, str],
+) -> None:
+    """The flag of ``field`` (typed ``kind``), its default from ``environ`` if set there."""
+    env = env_name(field)
+    help_text = f"{field.metadata['help']} (default: {_render_default(field)}; env {env})"
+    if field.metadata.get("hidden"):
+        help_text = argparse.SUPPRESS
+    metavar = field.metadata.get("metavar") or field.name.upper()
+    if _is_repeatable(kind):
+        # Repeatable: argparse appends to a list; None means "not given on the command line".
+        target.add_argument(
+            flag_name(field), dest=field.name, action="append", metavar=metavar, help=help_text
+        )
+        return
+    convert = _parser_for(field, kind)
+    default: Any = field.default
+    choices = field.metadata.get("choices")
+    if env in environ:
+        # A bad value is an error only if no flag overrides it (checked in load()).
+        try:
+            default = convert(environ[env])
+            if choices and default not in choices:
+                raise ValueError(f"{default!r} is not one of {list(choices)}")
+        except ValueError as error:
+            default = _BadEnv(f"environment variable {env}: {error}")
+    switch: dict[str, Any] = {}
+    if kind is bool:  # --flag alone: true
+        switch = {"nargs": "?", "const": True}
+        metavar = "true|false"
+    target.add_argument(
+        flag_name(field),
+        dest=field.name,
+        type=convert,
+        default=default,
+        choices=choices,
+        metavar=None if choices else metavar,
+        help=help_text,
+        **switch,
+    )
 
 
 def _attach_negative_values(argv: Sequence[str], flags: Sequence[str]) -> list[str]:

@@ -698,3 +698,18 @@ def test_settings_are_frozen() -> None:
     settings: Any = load_agent(AGGREGATOR_FLAG)
     with pytest.raises(dataclasses.FrozenInstanceError):
         settings.interval = 2.0
+
+
+@pytest.mark.parametrize("cls", [AgentFlags, AggregatorFlags], ids=["agent", "aggregator"])
+def test_help_comes_in_sections_that_cover_every_flag(
+    capsys: pytest.CaptureFixture[str], cls: Any
+) -> None:
+    names = [field.name for field in dataclasses.fields(cls)]
+    firsts = [first for _, first in cls.HELP_GROUPS]
+    assert firsts[0] == names[0]  # no flag before the first section
+    assert firsts == sorted(firsts, key=names.index)  # in field order
+    with pytest.raises(SystemExit):
+        load(cls, ["--help"], {}, "prog", "test")
+    out = capsys.readouterr().out
+    for title, _ in cls.HELP_GROUPS:
+        assert f"\n{title}:\n" in out
