@@ -1013,6 +1013,18 @@ class KubeEmulator(kmock.KubernetesEmulator):
         found.sort(key=lambda item: (item[0][1] or "", item[0][2]))
         return [copy.deepcopy(obj.raw) for _, obj in found]
 
+    def peek_objects(
+        self, resource: str | kmock.resource, namespace: str | None = None
+    ) -> list[Mapping[str, Any]]:
+        """The current objects of a resource as stored, not copied (in no order): a fast read
+        for in-process controllers (tests/kube/endpoints.py). Read them, never change them."""
+        resource = _as_resource(resource)
+        return [
+            obj.raw
+            for key, obj in self.objects.items()
+            if key[0] == resource and not obj.deleted and (namespace is None or key[1] == namespace)
+        ]
+
     def put_object(self, resource: str | kmock.resource, obj: Mapping[str, Any]) -> dict[str, Any]:
         """Create or replace an object directly in the store (no HTTP, no preconditions)."""
         resource = _as_resource(resource)

@@ -39,6 +39,7 @@ graceful deletion itself (a test marks a pod terminating by setting its
 from __future__ import annotations
 
 import asyncio
+import copy
 import hashlib
 import json
 import logging
@@ -196,17 +197,24 @@ class EndpointSlices:
     # ---- what a test reads --------------------------------------------------------------------
 
     def slices(self, name: str, namespace: str = "default") -> list[dict[str, Any]]:
-        """The Service's EndpointSlices as stored now."""
+        """The Service's EndpointSlices as stored now (copies, by name)."""
+        return sorted(
+            (copy.deepcopy(dict(item)) for item in self._stored_slices(name, namespace)),
+            key=lambda item: item["metadata"]["name"],
+        )
+
+    def _stored_slices(self, name: str, namespace: str) -> list[Mapping[str, Any]]:
+        """The stored slices themselves (not copies: read only)."""
         return [
             item
-            for item in self.kube.list_objects(ENDPOINT_SLICES, namespace)
+            for item in self.kube.peek_objects(ENDPOINT_SLICES, namespace)
             if (item["metadata"].get("labels") or {}).get(SERVICE_NAME_LABEL) == name
         ]
 
     def conditions(self, name: str, namespace: str = "default") -> dict[str, dict[str, bool]]:
         """Each endpoint's pod name and conditions (``ready``, ``serving``, ``terminating``)."""
         found: dict[str, dict[str, bool]] = {}
-        for item in self.slices(name, namespace):
+        for item in self._stored_slices(name, namespace):
             for endpoint in item.get("endpoints") or []:
                 pod = (endpoint.get("targetRef") or {}).get("name", "")
                 found[pod] = dict(endpoint.get("conditions") or {})
@@ -257,34 +265,46 @@ class EndpointSlices:
     async def _follow(self) -> None:
         assert self._queue is not None
         while True:
-            change = await self._queue.get()
+            # A burst of changes is one pass: each Service it touches reconciled once (from
+            # the store as it is now, as the controller's work queue coalesces keys).
+            changes = [await self._queue.get()]
+            while not self._queue.empty():
+                changes.append(self._queue.get_nowait())
             self._busy = True
             try:
-                self._on_change(change)
+                touched: set[tuple[str, str]] = set()
+                for change in changes:
+                    touched |= self._touched(change)
+                for namespace, name in sorted(touched):
+                    self._reconcile(namespace, name)
             except Exception:
-                log.exception("endpointslices: handling a change of %s failed", _key(change.obj))
+                log.exception("endpointslices: handling %d change(s) failed", len(changes))
             finally:
                 self._busy = self._queue.qsize() > 0
                 self._changed.set()
 
-    def _on_change(self, change: StoreChange) -> None:
+    def _touched(self, change: StoreChange) -> set[tuple[str, str]]:
+        """The Services whose slices a change may change."""
         if change.resource == SERVICES:
-            self._reconcile(*_key(change.obj))
-        elif change.resource == PODS:
-            namespace = _key(change.obj)[0]
-            for service in self.kube.list_objects(SERVICES, namespace):
-                selector = (service.get("spec") or {}).get("selector") or {}
-                if any(
-                    selector and _labels_match(selector, obj)
-                    for obj in (change.obj, change.prev)
-                    if obj is not None
-                ):
-                    self._reconcile(namespace, service["metadata"]["name"])
+            return {_key(change.obj)}
+        if change.resource != PODS:
+            return set()
+        namespace = _key(change.obj)[0]
+        touched = set()
+        for service in self.kube.peek_objects(SERVICES, namespace):
+            selector = (service.get("spec") or {}).get("selector") or {}
+            if any(
+                selector and _labels_match(selector, obj)
+                for obj in (change.obj, change.prev)
+                if obj is not None
+            ):
+                touched.add((namespace, service["metadata"]["name"]))
+        return touched
 
     def _reconcile(self, namespace: str, name: str) -> None:
         service = self.kube.get_object(SERVICES, namespace, name)
         selector = ((service or {}).get("spec") or {}).get("selector") or {}
-        existing = {item["metadata"]["name"]: item for item in self.slices(name, namespace)}
+        existing = {item["metadata"]["name"]: item for item in self._stored_slices(name, namespace)}
         if service is None or not selector:  # gone, or not ours to manage
             if service is None:
                 for slice_name in existing:
@@ -308,7 +328,7 @@ class EndpointSlices:
         selector = spec.get("selector") or {}
         publish = bool(spec.get("publishNotReadyAddresses"))
         groups: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {}
-        for pod in self.kube.list_objects(PODS, namespace):
+        for pod in sorted(self.kube.peek_objects(PODS, namespace), key=_key):
             if not _labels_match(selector, pod) or not _in_endpoints(pod):
                 continue
             ports = []

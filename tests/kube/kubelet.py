@@ -596,6 +596,8 @@ class Kubelet:
 
     def _on_pod_change(self, change: StoreChange) -> None:
         key = _pod_key(change.obj)
+        if key not in self._pods and not self._manages(change.obj):
+            return  # not ours then (a pod that becomes ours shows in a later change)
         current = self.kube.pod(*key)
         if current is None or not self._manages(current):
             self._forget(key)

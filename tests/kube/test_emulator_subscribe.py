@@ -27,3 +27,14 @@ async def test_every_committed_change_in_order_and_no_watch(kube_emulator: KubeE
     kube.add_pod("default", "b")
     assert queue.empty()
     kube.unsubscribe(queue)  # twice is harmless
+
+
+async def test_peek_objects_reads_the_store_without_copies(kube_emulator: KubeEmulator) -> None:
+    kube = kube_emulator
+    kube.add_pod("default", "a")
+    kube.add_pod("other", "b")
+    kube.add_pod("default", "gone")
+    kube.delete_pod("default", "gone")
+    assert sorted(p["metadata"]["name"] for p in kube.peek_objects(PODS)) == ["a", "b"]
+    (pod,) = kube.peek_objects("v1/pods", "default")
+    assert pod == kube.pod("default", "a")
