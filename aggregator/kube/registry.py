@@ -25,6 +25,7 @@ from aggregator.kube.shadow import ShadowEvents, ShadowWriter
 from aggregator.kube.writer import Writer, WriterSettings
 from aggregator.metrics import Metrics
 from aggregator.override import ANNOTATION, NONE, Override, change
+from aggregator.override import wanted as override_wanted
 from aggregator.registry import PodRegistry, PodSink, PodViewFacts
 from aggregator.serve_view import UNKNOWN, ProxyIntent, proxy_meant
 from aggregator.serve_view_poller import (
@@ -332,7 +333,7 @@ class KubeRegistry(PodRegistry):
         """What the pod should carry: its override's value, else ``health`` (what the core
         wants; None: leave it)."""
         pod = self._pods.get(key)
-        return (pod.override.label or health) if pod is not None else health
+        return override_wanted(health, pod.override) if pod is not None else health
 
     def _override_changed(self, pod: KubePod, before: Override | None, moves: bool) -> None:
         """An Event and a log line for an override applied, removed or ignored. A pod seen for

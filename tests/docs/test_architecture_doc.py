@@ -55,3 +55,38 @@ def test_the_architecture_names_every_module_of_both_programs() -> None:
     ]
     missing = [module for module in modules if module not in ARCHITECTURE]
     assert not missing, f"docs/architecture.md does not say what these are: {missing}"
+
+
+#: A module and the names cited of it: `aggregator/core.py` (`_judged`, `Tracker._gate`).
+CITED_IN = re.compile(r"`((?:aggregator|node_agent|servehealth_common)/[\w/]+\.py)` \(([^)]*)\)")
+#: A name cited as module.name: `core._desire`, `override.wanted`.
+DOTTED = re.compile(r"`(\w+)\.(\w+)`")
+
+
+def defines(path: Path, name: str) -> bool:
+    """Whether ``path`` defines ``name``: a function, a class, or an assignment."""
+    pattern = rf"^\s*(async def|def|class) {re.escape(name)}\b|^\s*{re.escape(name)}\s*[:=]"
+    return re.search(pattern, path.read_text(), re.M) is not None
+
+
+def cited() -> list[tuple[str, str]]:
+    found = []
+    for module, names in CITED_IN.findall(ARCHITECTURE):
+        for name in re.findall(r"`([\w.]+)`", names):
+            found.append((module, name.rsplit(".", 1)[-1]))
+    modules = {
+        path.stem: path.relative_to(ROOT).as_posix()
+        for top in ("aggregator", "node_agent", "servehealth_common")
+        for path in (ROOT / top).rglob("*.py")
+    }
+    for module, name in DOTTED.findall(ARCHITECTURE):
+        if module in modules and name not in ("py", "md"):  # a file name, not a citation
+            found.append((modules[module], name))
+    return found
+
+
+def test_every_name_the_architecture_cites_exists() -> None:
+    """Not only the modules: the functions and classes it cites in them (it cited
+    ``core._desire`` and the settle wait long after they were gone)."""
+    missing = [f"{module}: {name}" for module, name in cited() if not defines(ROOT / module, name)]
+    assert not missing, f"docs/architecture.md cites names that do not exist: {missing}"
