@@ -19,6 +19,7 @@ PROCESS_TESTS: tuple[str, ...] = (
     "tests/bench/",
     "tests/kube/test_agent_fallback_processes.py",
     "tests/kube/test_agent_liveness.py",
+    "tests/kube/test_aggregator_writes_no_files.py",
     "tests/kube/test_cleanup.py",
     "tests/kube/test_failover.py",
     "tests/kube/test_fallback_lease_processes.py",
