@@ -2,7 +2,8 @@
 kubernetes-validate has no schema for: KubeRay's RayService (deploy/examples), the Prometheus
 Operator's ServiceMonitor and PrometheusRule (deploy/components/monitoring), cert-manager's
 Issuer and Certificate, from the CRDs vendored in tests/deploy/crds/ (their source and version
-are in each file's first lines).
+are in each file's first lines); the PodMonitor from a schema derived from the ServiceMonitor's
+(below).
 
 A CRD's ``openAPIV3Schema`` is turned into a JSON Schema the way the API server reads it, and
 strict like kubernetes-validate's strict mode: ``nullable`` allows null, and an object with
@@ -75,7 +76,56 @@ def schemas() -> dict[tuple[str, str], dict[str, Any]]:
                     "additionalProperties": False,
                 }
                 found[(f"{spec['group']}/{version['name']}", spec["names"]["kind"])] = schema
+    monitor = found.get(("monitoring.coreos.com/v1", "ServiceMonitor"))
+    if monitor is not None:
+        found[("monitoring.coreos.com/v1", "PodMonitor")] = podmonitor_schema(monitor)
     return found
+
+
+# The Prometheus Operator's PodMonitor (deploy/components/monitoring scrapes the agents with
+# it) has no CRD vendored here. Its schema is derived from the vendored ServiceMonitor's, whose
+# selectors and endpoint fields a PodMonitor shares: the spec fields and endpoint fields below,
+# all of which the PodMonitor API (monitoring.coreos.com/v1, spec.podMetricsEndpoints) has too,
+# with the ServiceMonitor's types; any other field is refused. Narrower than the real CRD, never
+# wider: what validates here validates against it.
+PODMONITOR_SPEC_FIELDS = ("selector", "namespaceSelector", "jobLabel", "podTargetLabels")
+PODMONITOR_ENDPOINT_FIELDS = (
+    "port",
+    "path",
+    "scheme",
+    "interval",
+    "scrapeTimeout",
+    "honorLabels",
+    "honorTimestamps",
+    "relabelings",
+    "metricRelabelings",
+    "params",
+)
+
+
+def podmonitor_schema(servicemonitor: dict[str, Any]) -> dict[str, Any]:
+    """A strict JSON Schema for PodMonitor, from ServiceMonitor's (see above)."""
+    spec = servicemonitor["properties"]["spec"]
+    endpoint = spec["properties"]["endpoints"]["items"]
+    endpoint_schema = {
+        "type": "object",
+        "properties": {k: endpoint["properties"][k] for k in PODMONITOR_ENDPOINT_FIELDS},
+        "additionalProperties": False,
+    }
+    properties = {k: spec["properties"][k] for k in PODMONITOR_SPEC_FIELDS}
+    properties["podMetricsEndpoints"] = {"type": "array", "items": endpoint_schema}
+    schema = dict(servicemonitor)
+    schema["properties"] = {
+        **servicemonitor["properties"],
+        "spec": {
+            "type": "object",
+            "properties": properties,
+            "required": ["selector"],
+            "additionalProperties": False,
+        },
+    }
+    schema["required"] = ["spec"]
+    return schema
 
 
 def groups() -> set[str]:

@@ -1,9 +1,17 @@
-"""deploy/components/monitoring: a kustomize Component with a ServiceMonitor, a PrometheusRule
-(the alerts docs/operations.md recommends) and a Grafana dashboard ConfigMap. It renders on its
-own and from an overlay's ``components:``, its objects validate offline (the Prometheus
-Operator's CRD schemas vendored in tests/deploy/crds/), the ServiceMonitor finds the
-aggregator's metrics port, the dashboard is valid JSON with a query in every panel, and every
-metric a query names is one a real aggregator exports on /metrics."""
+"""deploy/components/monitoring: a kustomize Component with a ServiceMonitor (the aggregator),
+two PodMonitors (the DaemonSet agents, the sidecars), a PrometheusRule (the alerts
+docs/operations.md recommends) and a Grafana dashboard ConfigMap. It renders on its own and from
+an overlay's ``components:``, its objects validate offline (the Prometheus Operator's CRD
+schemas vendored in tests/deploy/crds/), the ServiceMonitor finds the aggregator's metrics port
+and the PodMonitors the agents', the dashboard is valid JSON with a query in every panel, and
+every metric a query names is one a real aggregator or agent exports on /metrics.
+
+The alerts, without promtool (issue 28, point 8): every expression parses (promql-parser, the
+Prometheus parser's Rust port), every metric one names is defined in aggregator/metrics.py or
+node_agent/metrics.py and exported by the real program, every ``for`` is at least the scrape
+interval of the metrics it reads, every alert has a ``runbook_url`` whose anchor is a heading of
+docs/operations.md, and there are alerts for an aggregator gone (``absent(up{job=...})``, the job
+the ServiceMonitor gives it), agents in fallback, denied writes and failed authentication."""
 
 from __future__ import annotations
 
@@ -25,7 +33,9 @@ import pytest
 import yaml
 
 from tests.deploy import crd_schemas
-from tests.deploy.manifests import DEPLOY, ROOT, find, render, render_written
+from tests.deploy.manifests import DEPLOY, ROOT, find, pod_specs, render, render_written
+from tests.deploy.test_docs import defined_metrics
+from tests.deploy.test_probes import command, started, stop
 
 COMPONENT = "deploy/components/monitoring"
 DASHBOARD = DEPLOY / "components" / "monitoring" / "dashboard.json"
@@ -51,6 +61,8 @@ def test_component_renders_on_its_own() -> None:
     objects = render(COMPONENT)
     assert sorted(obj["kind"] for obj in objects) == [
         "ConfigMap",
+        "PodMonitor",
+        "PodMonitor",
         "PrometheusRule",
         "ServiceMonitor",
     ]
@@ -353,8 +365,41 @@ def test_metric_names_come_from_the_parse_tree() -> None:
         promql_parser.parse("sum(rate(a[5m])")
 
 
-def test_every_metric_in_a_query_is_exported(exported: set[str]) -> None:
+@pytest.fixture(scope="module")
+def agent_exported() -> Iterator[set[str]]:
+    """The metric names on a real agent's /metrics (a sidecar with nothing to probe: the same
+    families as a DaemonSet agent's, node_agent/metrics.py)."""
+    process, address = started(
+        [
+            *command("serve-health-agent", "node_agent"),
+            "--mode=sidecar",
+            "--aggregator=127.0.0.1:9",
+            "--proxy-url=http://127.0.0.1:9/-/healthz",
+            "--token-file=",
+            "--metrics-listen=127.0.0.1:0",
+        ],
+        rb"serving /livez, /readyz and /metrics on (\S+?:\d+)",
+        {
+            "POD_NAME": "worker-1",
+            "POD_NAMESPACE": "ray",
+            "POD_UID": "7f1c0e52-0000-4000-8000-000000000001",
+            "NODE_NAME": "node-a",
+        },
+    )
+    try:
+        with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as response:
+            yield names_in(response.read().decode())
+    finally:
+        stop(process)
+
+
+def test_every_metric_in_a_query_is_exported(
+    exported: set[str], agent_exported: set[str]
+) -> None:
     assert "serve_health_pods" in exported, sorted(exported)
+    assert "serve_health_agent_fallback_seconds" in agent_exported, sorted(agent_exported)
+    # Prometheus's own: a scrape's up.
+    exported = exported | agent_exported | {"up"}
     used: dict[str, list[str]] = {}
     for where, expression in queries():
         names = metric_names(expression)
@@ -370,4 +415,204 @@ def test_every_metric_in_a_query_is_exported(exported: set[str]) -> None:
             (name,) = re.findall(r"label_values\((\w+)", query)
             used.setdefault(name, []).append(f"variable {variable['name']}")
     missing = {name: where for name, where in used.items() if name not in exported}
-    assert not missing, f"not on the aggregator's /metrics: {missing}"
+    assert not missing, f"not on the aggregator's nor an agent's /metrics: {missing}"
+
+
+# -- the alerts, checked without promtool (issue 28, point 8) ------------------------------
+
+DOCKERFILE = ROOT / "Dockerfile"
+AGENT = "ray-serve-health-agent"
+#: Prometheus's own series, which no program of ours defines.
+PROMETHEUS_OWN = {"up"}
+DURATION = re.compile(r"(\d+)(ms|s|m|h|d)")
+SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def seconds(text: str) -> float:
+    parts = DURATION.findall(text)
+    assert parts and "".join(f"{n}{u}" for n, u in parts) == text, f"not a duration: {text}"
+    return sum(int(n) * SECONDS[u] for n, u in parts)
+
+
+def agent_metrics() -> set[str]:
+    return {name for name in defined_metrics() if name.startswith("serve_health_agent_")}
+
+
+def series_names(expression: str) -> set[str]:
+    """The series an expression selects, a histogram's _bucket/_sum/_count read as its own."""
+    return {re.sub(r"_(bucket|sum|count)$", "", name) for name in metric_names(expression)}
+
+
+def monitors() -> list[dict[str, Any]]:
+    return [o for o in render(COMPONENT) if o["kind"] in {"ServiceMonitor", "PodMonitor"}]
+
+
+def endpoints(monitor: dict[str, Any]) -> list[dict[str, Any]]:
+    return monitor["spec"].get("endpoints") or monitor["spec"]["podMetricsEndpoints"]
+
+
+def interval_of(kind: str) -> float:
+    """The longest scrape interval of the monitors of ``kind`` (Prometheus's default, 30 s in
+    the operator's, where an endpoint sets none)."""
+    found = [
+        seconds(e.get("interval", "30s"))
+        for m in monitors()
+        if m["kind"] == kind
+        for e in endpoints(m)
+    ]
+    assert found, kind
+    return max(found)
+
+
+def scrape_interval(expression: str) -> float:
+    """The interval at which the series an alert reads are scraped: the agents' by the
+    PodMonitors, the aggregator's (and its up) by the ServiceMonitor."""
+    names = series_names(expression)
+    kinds = {"PodMonitor" if name in agent_metrics() else "ServiceMonitor" for name in names}
+    return max(interval_of(kind) for kind in kinds)
+
+
+def test_every_alert_expression_parses() -> None:
+    for rule in rules():
+        try:
+            promql_parser.parse(rule["expr"])
+        except ValueError as error:
+            pytest.fail(f"{rule['alert']}: {error}")
+
+
+def test_the_parse_check_is_not_vacuous() -> None:
+    for broken in ('absent(up{job="a"} == 1', "rate(x[5m]) >", "sum by (a (x)"):
+        with pytest.raises(ValueError):
+            promql_parser.parse(broken)
+
+
+def test_every_metric_an_alert_uses_is_defined_in_the_code() -> None:
+    defined = defined_metrics() | PROMETHEUS_OWN
+    for rule in rules():
+        names = metric_names(rule["expr"])
+        assert names, f"{rule['alert']}: selects no metric"
+        missing = names - defined
+        assert not missing, f"{rule['alert']}: {sorted(missing)} defined nowhere"
+
+
+def test_every_for_is_at_least_a_scrape_interval() -> None:
+    """An alert whose ``for`` is shorter than a scrape fires on one sample (a missing ``for``
+    is 0)."""
+    for rule in rules():
+        wait = seconds(rule.get("for", "0s")) if rule.get("for") else 0.0
+        assert wait >= scrape_interval(rule["expr"]), (rule["alert"], rule.get("for"))
+
+
+def operations_anchors() -> set[str]:
+    """The anchors GitHub gives docs/operations.md's headings."""
+    anchors = set()
+    for heading in re.findall(r"^#{1,6} (.+)$", OPERATIONS.read_text(), flags=re.MULTILINE):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        anchors.add(slug)
+    return anchors
+
+
+def repository() -> str:
+    """The repository's address, as the image's source label gives it."""
+    found = re.search(r'org\.opencontainers\.image\.source="([^"]+)"', DOCKERFILE.read_text())
+    assert found
+    return found[1]
+
+
+def test_every_alert_has_a_runbook_in_docs_operations() -> None:
+    prefix = f"{repository()}/blob/main/docs/operations.md#"
+    anchors = operations_anchors()
+    assert "when-every-aggregator-is-down" in anchors  # the slugs are GitHub's
+    used = []
+    for rule in rules():
+        url = rule["annotations"].get("runbook_url", "")
+        assert url.startswith(prefix), f"{rule['alert']}: runbook_url {url!r}"
+        anchor = url[len(prefix) :]
+        assert anchor in anchors, f"{rule['alert']}: docs/operations.md has no #{anchor}"
+        used.append(anchor)
+    assert len(set(used)) == len(used), "two alerts share a runbook section"
+
+
+def test_an_alert_fires_when_the_aggregator_is_gone() -> None:
+    """``sum(serve_health_leader) != 1`` says nothing when no replica is scraped at all (a sum
+    of nothing is no sample): an ``absent()`` of the scrape's ``up`` does, with the job the
+    ServiceMonitor gives the aggregator's targets (its Service's name)."""
+    objects = render_in_overlay_once()
+    monitor = find(objects, "ServiceMonitor")
+    assert "jobLabel" not in monitor["spec"]  # the job is then the Service's name
+    wanted = monitor["spec"]["selector"]["matchLabels"].items()
+    (service,) = [
+        o
+        for o in objects
+        if o["kind"] == "Service" and wanted <= o["metadata"].get("labels", {}).items()
+    ]
+    job = service["metadata"]["name"]
+    gone = [
+        rule
+        for rule in rules()
+        if re.search(rf'absent\(\s*up\{{job="{re.escape(job)}"\}}\s*==\s*1\s*\)', rule["expr"])
+    ]
+    assert gone, f"no absent(up{{job={job!r}}} == 1) alert"
+    assert gone[0]["labels"]["severity"] == "critical"
+
+
+def render_in_overlay_once() -> list[dict[str, Any]]:
+    return render("deploy/examples/monitoring")
+
+
+def alerts_on(metric: str) -> list[dict[str, Any]]:
+    return [rule for rule in rules() if metric in metric_names(rule["expr"])]
+
+
+def test_alerts_on_fallback_denied_writes_and_failed_auth() -> None:
+    (fallback,) = alerts_on("serve_health_agent_fallback_seconds")
+    assert re.search(r"serve_health_agent_fallback_seconds\s*>\s*0", fallback["expr"])
+    (agent_writes,) = alerts_on("serve_health_agent_fallback_writes_total")
+    assert 'result="error"' in agent_writes["expr"]
+    (writes,) = alerts_on("serve_health_label_writes_total")
+    assert 'result="error"' in writes["expr"]
+    (denied,) = alerts_on("serve_health_api_denied_total")
+    # Failed authentication: the aggregator counts every refused token check in
+    # serve_health_auth_total (serve_health_streams_rejected_total counts bad input only).
+    (auth,) = alerts_on("serve_health_auth_total")
+    assert re.search(r'result=~"unauthenticated\|permission_denied"', auth["expr"]), auth["expr"]
+    for rule in (fallback, agent_writes, writes, denied, auth):
+        assert rule["labels"]["severity"] in {"critical", "warning"}, rule["alert"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_a_podmonitor_scrapes_the_daemonset_agents(overlay: str, tmp_path: Path) -> None:
+    objects = render_in_overlay(overlay, tmp_path)
+    daemonset = find(objects, "DaemonSet", AGENT)
+    monitor = find(objects, "PodMonitor", AGENT)
+    assert "namespaceSelector" not in monitor["spec"]  # the agents' (its own) namespace
+    assert monitor["metadata"]["namespace"] == daemonset["metadata"]["namespace"]
+    labels = daemonset["spec"]["template"]["metadata"]["labels"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    (container,) = daemonset["spec"]["template"]["spec"]["containers"]
+    port = next(p for p in container["ports"] if p["name"] == endpoint["port"])
+    listen = next(
+        e["value"] for e in container["env"] if e["name"] == "SERVE_HEALTH_METRICS_LISTEN"
+    )
+    assert listen.endswith(f":{port['containerPort']}")
+    assert endpoint.get("path", "/metrics") == "/metrics"
+
+
+def test_a_podmonitor_scrapes_the_sidecars() -> None:
+    monitor = find(render(COMPONENT), "PodMonitor", "ray-serve-health-sidecar")
+    assert monitor["spec"]["namespaceSelector"] == {"any": True}  # the Ray namespaces
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    service = find(render("deploy/examples/rayservice-sidecar"), "RayService")
+    selector = monitor["spec"]["selector"]
+    for where, spec in pod_specs(service):
+        (sidecar,) = [c for c in spec["containers"] if c["name"] == "serve-health-agent"]
+        port = next(p for p in sidecar["ports"] if p["name"] == endpoint["port"])
+        listen = next(
+            e["value"] for e in sidecar["env"] if e["name"] == "SERVE_HEALTH_METRICS_LISTEN"
+        )
+        assert listen.endswith(f":{port['containerPort']}"), where
+        # Ray pods carry ray.io/node-type (KubeRay's label); the selector asks for nothing else.
+        for expression in selector.get("matchExpressions", []):
+            assert expression == {"key": "ray.io/node-type", "operator": "Exists"}
+        assert not selector.get("matchLabels")
