@@ -14,9 +14,11 @@ failover (two aggregators with leader election: SIGKILL the leader, time until t
 serves and the agents are back, spurious writes), panic_trials (self-protection's randomized
 trials on a simulated clock), mass_hang (75 % of 1,000 proxies hang: label writes during it,
 time until PANIC), liveness (SIGKILL, SIGSTOP, black-holed or stalled agents: time until
-the aggregator's GetPod shows the agent gone and the pod pulled), baseline (ours next to
-KubeRay's readiness cadence and the seed's sequential pass, as ratios). Each writes
-bench/results/<name>.json; this command also writes bench/results/summary.json.
+the aggregator's GetPod shows the agent gone and the pod pulled), fallback_first_write (12
+real sidecars: SIGKILL the aggregator as one pod's proxy fails, time until that sidecar's own
+write lands, with and without the Lease gate; the healthy sidecars' API requests), baseline
+(ours next to KubeRay's readiness cadence and the seed's sequential pass, as ratios). Each
+writes bench/results/<name>.json; this command also writes bench/results/summary.json.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ SCENARIOS: dict[str, tuple[list[str], list[str]]] = {
     "panic_trials": ([], ["--seeds", "50"]),
     "mass_hang": ([], ["--pods", "100", "--trials", "1"]),
     "liveness": ([], ["--rounds", "2", "--simulated-agents", "1000", "--real-agents", "2"]),
+    "fallback_first_write": ([], ["--pods", "3", "--trials", "1", "--variants", "a"]),
     "baseline": ([], []),  # last: reads detection and pull_sweep results
 }
 
