@@ -117,8 +117,7 @@ async def run(pods: int, phase: float) -> dict[str, float]:
                 proxy.set(FAILING)
             fallback = await sample(agent, endpoint, phase, "fallback")
             written = sum(
-                kube.pod_labels("default", f"worker-{i}").get(LABEL) == "false"
-                for i in range(pods)
+                kube.pod_labels("default", f"worker-{i}").get(LABEL) == "false" for i in range(pods)
             )
             return {
                 "pods": pods,

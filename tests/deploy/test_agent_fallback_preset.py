@@ -51,11 +51,15 @@ def aggregator_writes(objects: list[dict[str, Any]]) -> Any:
     """What the rendered aggregator tells its agents (``AgentSettings.writes``)."""
     deployment = find(objects, "Deployment", AGGREGATOR)
     container = deployment["spec"]["template"]["spec"]["containers"][0]
-    flags, environ = loaded(AggregatorFlags, container, objects, deployment["metadata"]["namespace"])
+    flags, environ = loaded(
+        AggregatorFlags, container, objects, deployment["metadata"]["namespace"]
+    )
     return write_settings(flags, environ)
 
 
-def check_agent(container: dict[str, Any], objects: list[dict[str, Any]], namespace: str, writes: Any) -> None:
+def check_agent(
+    container: dict[str, Any], objects: list[dict[str, Any]], namespace: str, writes: Any
+) -> None:
     flags, _ = loaded(AgentFlags, container, objects, namespace)
     expected = rules_from(writes)
     if expected is None:

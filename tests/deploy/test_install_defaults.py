@@ -61,7 +61,8 @@ def test_install_leads_with_the_production_example() -> None:
     assert f"../ray-serve-health/{PRODUCTION}" in first, first
     # The first overlay the page tells you to build on is the production example.
     earliest = re.search(r"deploy/(?:examples|overlays)/[\w-]+", INSTALL.split("## Step 3", 1)[1])
-    assert earliest and earliest[0] == PRODUCTION
+    assert earliest
+    assert earliest[0] == PRODUCTION
 
 
 def test_install_says_what_each_default_exposes() -> None:

@@ -103,7 +103,9 @@ def test_the_aggregator_prefers_nodes_without_gpus(directory: str) -> None:
     spec = find(render(directory), "Deployment", AGGREGATOR)["spec"]["template"]["spec"]
     assert gpu_free_preference(spec), "no preference for nodes without GPUs"
     # A preference, not a rule: a cluster of GPU nodes alone still runs the aggregator.
-    required = spec["affinity"]["nodeAffinity"].get("requiredDuringSchedulingIgnoredDuringExecution")
+    required = spec["affinity"]["nodeAffinity"].get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    )
     assert required is None or GPU_LABEL not in str(required)
 
 
@@ -119,7 +121,9 @@ def test_the_preference_is_not_vacuous() -> None:
             return expression["key"] not in labels
         return labels.get(expression["key"]) not in expression["values"]
 
-    assert matches({}) and matches({GPU_LABEL: "false"}) and not matches({GPU_LABEL: "true"})
+    assert matches({})
+    assert matches({GPU_LABEL: "false"})
+    assert not matches({GPU_LABEL: "true"})
 
 
 @pytest.mark.parametrize("directory", rendering("DaemonSet", AGENT))
