@@ -1,23 +1,39 @@
-"""Evaluating a ValidatingAdmissionPolicy's CEL as the API server would, with cel-python
-(``celpy``), and editing sample pods, for the tests of deploy/'s admission policies
-(test_admission_policy.py: the aggregator's; test_agent_admission_policy.py: the agents').
+"""Evaluating a ValidatingAdmissionPolicy's CEL as the API server would, with two independent
+CEL implementations (tests/deploy/cel_engines.py: cel-python and Google's cel-cpp), and editing
+sample pods, for the tests of deploy/'s admission policies (test_admission_policy.py: the
+aggregator's; test_agent_admission_policy.py: the agents'; test_admission_policy_isolation.py:
+what they do to everyone else's requests).
 
-The policies use standard CEL only, so the same expressions give the same answers here and in
-the API server, which evaluates ``object``, ``oldObject`` and ``params`` as untyped maps, as
-here. An expression that fails to evaluate counts as a refusal, as ``failurePolicy: Fail``
-makes it."""
+Every request is answered by both implementations, and :meth:`Policy.admit` fails the test if
+they disagree: a quirk of one cannot make a broken policy pass. As in the API server, the match
+conditions come first (any false: not matched; else any error: refused, ``failurePolicy:
+Fail``), then the variables in order (lazily in the API server: a variable that fails counts
+where it is used), then every validation, with its messageExpression when it fails. ``params``
+is declared, and bound, only for a policy with a ``paramKind``."""
 
 from __future__ import annotations
 
+import atexit
 import copy
 import functools
+import os
+import shutil
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-import celpy
-from celpy import celtypes
+import yaml
 
-from tests.deploy.manifests import SETTINGS, find, render
+from tests.deploy.cel_engines import DECLARED, CelError, Engine, engines
+from tests.deploy.manifests import (
+    ROOT,
+    SETTINGS,
+    find,
+    render,
+    render_written,
+    settings_configmap,
+)
 
 
 @dataclass
@@ -30,73 +46,171 @@ class Verdict:
     def allowed(self) -> bool:
         return not self.refusals
 
+    def comparable(self) -> tuple[bool, list[str]]:
+        """The verdict without the implementations' own error texts."""
+        return self.matched, [
+            r.split(": ", 2)[1] if r.startswith("error: ") else r for r in self.refusals
+        ]
 
-class Policy:
-    """The policy's CEL, compiled once; ``admit`` answers one request as the API server would
-    for a binding with ``validationActions: [Deny]``."""
 
-    def __init__(self, policy: dict[str, Any]) -> None:
-        self.env = celpy.Environment()
-        spec = policy["spec"]
-        self.match = [self._compile(c["expression"]) for c in spec.get("matchConditions", [])]
-        self.variables = [(v["name"], self._compile(v["expression"])) for v in spec["variables"]]
+def _short(error: CelError) -> str:
+    return error.message[:400]
+
+
+class _Compiled:
+    """One policy compiled by one implementation."""
+
+    def __init__(self, engine: Engine, spec: dict[str, Any]) -> None:
+        self.engine = engine
+        self.match = [
+            (c["name"], engine.compile(c["expression"])) for c in spec.get("matchConditions", [])
+        ]
+        self.variables = [
+            (v["name"], engine.compile(v["expression"])) for v in spec.get("variables", [])
+        ]
         self.validations = [
             (
-                self._compile(v["expression"]),
-                self._compile(v["messageExpression"]) if "messageExpression" in v else None,
+                engine.compile(v["expression"]),
+                engine.compile(v["messageExpression"]) if "messageExpression" in v else None,
                 v.get("message", ""),
             )
             for v in spec["validations"]
         ]
 
-    def _compile(self, expression: str) -> Any:
-        return self.env.program(self.env.compile(expression))
+    def conditions(self, data: dict[str, Any]) -> list[Any]:
+        return [self.engine.evaluate(program, data) for _, program in self.match]
+
+    def admit(self, data: dict[str, Any]) -> Verdict:
+        results = self.conditions(data)
+        if any(result is False for result in results):
+            return Verdict(False)
+        errors = [
+            f"error: matchConditions[{name}]: {_short(r) if isinstance(r, CelError) else r!r}"
+            for (name, _), r in zip(self.match, results, strict=True)
+            if r is not True
+        ]
+        if errors:
+            return Verdict(True, errors)
+        variables: dict[str, Any] = {}
+        data = {**data, "variables": variables}
+        for name, program in self.variables:
+            value = self.engine.evaluate(program, data)
+            if not isinstance(value, CelError):  # left out: its users fail, as in the API server
+                variables[name] = value
+        verdict = Verdict(True)
+        for i, (expression, message_expression, message) in enumerate(self.validations):
+            result = self.engine.evaluate(expression, data)
+            if isinstance(result, CelError) or not isinstance(result, bool):
+                verdict.refusals.append(f"error: validations[{i}]: {result}")
+            elif not result:
+                text = message
+                if message_expression is not None:
+                    rendered = self.engine.evaluate(message_expression, data)
+                    assert isinstance(rendered, str), (
+                        f"{self.engine.name}: messageExpression {i} failed: {rendered}"
+                    )
+                    text = rendered
+                verdict.refusals.append(text)
+        return verdict
+
+
+class Policy:
+    """The policy's CEL, compiled once by both implementations; ``admit`` answers one request
+    as the API server would for a binding with ``validationActions: [Deny]``."""
+
+    def __init__(self, policy: dict[str, Any]) -> None:
+        spec = policy["spec"]
+        self.has_params = bool(spec.get("paramKind"))
+        names = DECLARED + (("params",) if self.has_params else ())
+        self.compiled = [_Compiled(engine, spec) for engine in engines(names)]
 
     @staticmethod
-    def _run(program: Any, activation: dict[str, Any]) -> Any:
-        try:
-            result = program.evaluate(activation)
-        except celpy.CELEvalError as error:
-            return error
-        return result
+    def data(
+        request: dict[str, Any],
+        obj: dict[str, Any] | None,
+        old: dict[str, Any] | None,
+        params: dict[str, Any] | None,
+    ) -> dict[str, Any]:
+        namespace = request.get("namespace") or ""
+        return {
+            "request": request,
+            "object": obj,
+            "oldObject": old,
+            "namespaceObject": (
+                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
+                if namespace
+                else None
+            ),
+            "params": params,
+        }
+
+    def conditions(
+        self,
+        request: dict[str, Any],
+        obj: dict[str, Any] | None = None,
+        old: dict[str, Any] | None = None,
+        params: dict[str, Any] | None = None,
+    ) -> list[list[Any]]:
+        """What each match condition gives, per implementation (values or CelError)."""
+        data = self.data(request, obj, old, params)
+        return [compiled.conditions(data) for compiled in self.compiled]
+
+    def errors(
+        self,
+        request: dict[str, Any],
+        obj: dict[str, Any] | None,
+        old: dict[str, Any] | None,
+        params: dict[str, Any] | None = None,
+    ) -> list[str]:
+        """Every expression that fails to evaluate on this request, in either implementation:
+        the match conditions; if they all hold, every variable, every validation and every
+        messageExpression (whether or not its validation fails)."""
+        data = self.data(request, obj, old, params)
+        found: list[str] = []
+        for compiled in self.compiled:
+            name = compiled.engine.name
+            results = compiled.conditions(data)
+            found += [
+                f"{name}: matchConditions[{c}]: {r}"
+                for (c, _), r in zip(compiled.match, results, strict=True)
+                if not isinstance(r, bool)
+            ]
+            if not all(r is True for r in results):
+                continue
+            variables: dict[str, Any] = {}
+            scope = {**data, "variables": variables}
+            for variable, program in compiled.variables:
+                value = compiled.engine.evaluate(program, scope)
+                if isinstance(value, CelError):
+                    found.append(f"{name}: variables[{variable}]: {_short(value)}")
+                else:
+                    variables[variable] = value
+            for i, (expression, message_expression, _) in enumerate(compiled.validations):
+                result = compiled.engine.evaluate(expression, scope)
+                if not isinstance(result, bool):
+                    found.append(f"{name}: validations[{i}]: {result}")
+                if message_expression is not None:
+                    text = compiled.engine.evaluate(message_expression, scope)
+                    if not isinstance(text, str):
+                        found.append(f"{name}: validations[{i}].messageExpression: {text}")
+        return found
 
     def admit(
         self,
         request: dict[str, Any],
         obj: dict[str, Any] | None,
         old: dict[str, Any] | None,
-        params: dict[str, Any],
+        params: dict[str, Any] | None = None,
     ) -> Verdict:
-        activation: dict[str, Any] = {
-            "request": celpy.json_to_cel(request),
-            "object": celpy.json_to_cel(obj),
-            "oldObject": celpy.json_to_cel(old),
-            "params": celpy.json_to_cel(params),
-        }
-        for program in self.match:
-            result = self._run(program, activation)
-            if isinstance(result, celpy.CELEvalError):
-                return Verdict(True, [f"match condition error: {result}"])  # failurePolicy Fail
-            if result is not celtypes.BoolType(True) and not result:
-                return Verdict(False)
-        variables: dict[Any, Any] = {}
-        activation["variables"] = celtypes.MapType(variables)
-        for name, program in self.variables:
-            variables[celtypes.StringType(name)] = self._run(program, activation)
-            activation["variables"] = celtypes.MapType(variables)
-        verdict = Verdict(True)
-        for expression, message_expression, message in self.validations:
-            result = self._run(expression, activation)
-            if isinstance(result, celpy.CELEvalError):
-                verdict.refusals.append(f"error: {result}")
-            elif not result:
-                text = message
-                if message_expression is not None:
-                    rendered = self._run(message_expression, activation)
-                    assert isinstance(rendered, str), f"messageExpression failed: {rendered}"
-                    text = str(rendered)
-                verdict.refusals.append(text)
-        return verdict
+        data = self.data(request, obj, old, params)
+        verdicts = [compiled.admit(data) for compiled in self.compiled]
+        first = verdicts[0]
+        for compiled, verdict in zip(self.compiled[1:], verdicts[1:], strict=True):
+            assert verdict.comparable() == first.comparable(), (
+                f"the CEL implementations disagree: {self.compiled[0].engine.name}: {first}; "
+                f"{compiled.engine.name}: {verdict}"
+            )
+        return first
 
 
 # -- editing sample pods ----------------------------------------------------------------
@@ -159,13 +273,57 @@ def set_image(obj: dict[str, Any]) -> None:
 
 
 @functools.cache
+def rendered_with(
+    directory: str, namespace: str | None = None, **settings: str
+) -> tuple[dict[str, Any], ...]:
+    """What a user's overlay renders that takes ``directory`` and merges ``settings`` into the
+    settings ConfigMap (and sets ``namespace``), as docs/install.md shows: the policies'
+    constants are written in from them. Written once per set of arguments, in a temporary
+    directory that lives as long as the test process."""
+    here = Path(tempfile.mkdtemp(prefix="overlay-", dir=_workspace()))
+    entry: dict[str, Any] = {"name": SETTINGS, "behavior": "merge"}
+    if namespace is None:
+        entry["namespace"] = "ray-serve-health"
+    entry["literals"] = [f"{key}={value}" for key, value in sorted(settings.items())]
+    kustomization: dict[str, Any] = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": [os.path.relpath(ROOT / directory, here)],
+        "configMapGenerator": [entry] if settings else [],
+    }
+    if namespace is not None:
+        kustomization["namespace"] = namespace
+    (here / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+    return tuple(render_written(here))
+
+
+@functools.cache
+def _workspace() -> str:
+    directory = tempfile.mkdtemp(prefix="ray-serve-health-deploy-")
+    atexit.register(shutil.rmtree, directory, True)
+    return directory
+
+
 def rendered_policy(
-    directory: str, name: str
+    directory: str, name: str, namespace: str | None = None, **settings: str
 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """(policy ``name``, its binding, the settings ConfigMap) as ``directory`` renders them."""
-    objects = render(directory)
-    return (
-        find(objects, "ValidatingAdmissionPolicy", name),
-        find(objects, "ValidatingAdmissionPolicyBinding", name),
-        find(objects, "ConfigMap", SETTINGS),
+    """(policy ``name``, its binding, the settings ConfigMap) as ``directory`` renders them,
+    or a user's overlay on it with ``settings`` merged in (:func:`rendered_with`)."""
+    objects = (
+        rendered_with(directory, namespace, **settings)
+        if settings or namespace
+        else tuple(render(directory))
     )
+    return (
+        find(list(objects), "ValidatingAdmissionPolicy", name),
+        find(list(objects), "ValidatingAdmissionPolicyBinding", name),
+        settings_configmap(list(objects)),
+    )
+
+
+@functools.cache
+def compiled_policy(
+    directory: str, name: str, namespace: str | None = None, **settings: str
+) -> Policy:
+    """:class:`Policy` of :func:`rendered_policy`, compiled once."""
+    return Policy(rendered_policy(directory, name, namespace, **settings)[0])

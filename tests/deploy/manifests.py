@@ -161,9 +161,26 @@ def env_of(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {entry["name"]: entry for entry in container.get("env", [])}
 
 
+def is_settings_name(name: str) -> bool:
+    """The settings ConfigMap's name: SETTINGS and the hash suffix kustomize adds."""
+    return re.fullmatch(re.escape(SETTINGS) + r"(-[a-z0-9]{10})?", name) is not None
+
+
+def settings_configmap(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    """The aggregator's settings ConfigMap, whatever its hash suffix."""
+    matches = [
+        obj
+        for obj in objects
+        if obj["kind"] == "ConfigMap" and is_settings_name(obj["metadata"]["name"])
+    ]
+    assert len(matches) == 1, f"expected one settings ConfigMap, found {len(matches)}"
+    return matches[0]
+
+
 def settings(objects: list[dict[str, Any]]) -> dict[str, str]:
-    """The aggregator's settings ConfigMap's data (its envFrom, the admission policy's params)."""
-    return dict(find(objects, "ConfigMap", SETTINGS).get("data", {}))
+    """The aggregator's settings ConfigMap's data (its envFrom, the DaemonSet's keys, the
+    constants of the admission policies)."""
+    return dict(settings_configmap(objects).get("data", {}))
 
 
 def environment(container: dict[str, Any], objects: list[dict[str, Any]]) -> dict[str, str]:

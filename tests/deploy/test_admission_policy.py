@@ -2,13 +2,15 @@
 writes to its one label, its leader label and its one condition, evaluated as the API server
 would, on sample admission requests.
 
-The policy is taken from the rendered overlays, its parameters from the settings ConfigMap they
-render (the one the aggregator reads). Every expression (match condition, variables in order,
-validations and their messages) is compiled and evaluated with cel-python (``celpy``, in
-tests/deploy/cel_policy.py): the policy uses standard CEL only, so a pass here means the same
-expressions, the same answers, in the API server (which evaluates ``object``, ``oldObject`` and
-``params`` as untyped maps, as here). An expression that fails to evaluate counts as a
-refusal, as ``failurePolicy: Fail`` makes it. The cases are a table: allowed (the label
+The policy is taken from the rendered overlays, with the constants kustomize writes into it
+from the settings ConfigMap they render (the one the aggregator reads): ``both`` mode and other
+settings come from a user's overlay on them that merges those settings
+(tests/deploy/cel_policy.py, rendered_with). Every expression (match condition, variables in
+order, validations and their messages) is compiled and evaluated by two CEL implementations,
+cel-python and Google's cel-cpp, which must agree: the policy uses standard CEL only, so a pass
+here means the same expressions, the same answers, in the API server (which evaluates
+``object`` and ``oldObject`` as untyped maps, as here). An expression that fails to evaluate
+counts as a refusal, as ``failurePolicy: Fail`` makes it. The cases are a table: allowed (the label
 flipped, added, removed; the leader label; the condition flipped, added, removed; requests of
 anyone else, which the match condition leaves alone) and refused (another label, an
 annotation, the image, owner references, a status field, a condition of another type, another
@@ -16,8 +18,6 @@ mode's write, other operations)."""
 
 from __future__ import annotations
 
-import copy
-import functools
 import os
 from pathlib import Path
 from typing import Any
@@ -30,13 +30,14 @@ from tests.deploy.cel_policy import (
     Verdict,
     all_of,
     changed,
+    compiled_policy,
     rendered_policy,
     set_condition,
     set_image,
     set_label,
     set_path,
 )
-from tests.deploy.manifests import ROOT, SETTINGS, find, render_written
+from tests.deploy.manifests import ROOT, find, render_written, settings_configmap
 
 NAMESPACE = "ray-serve-health"
 NAME = "ray-serve-health-aggregator"  # the policy's, its binding's and the account's
@@ -56,33 +57,33 @@ def rendered(directory: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, 
     return rendered_policy(directory, NAME)
 
 
-@functools.cache
-def policy() -> Policy:
-    return Policy(rendered(LABEL_MODE)[0])
-
-
-def params(directory: str = LABEL_MODE, **changes: str | None) -> dict[str, Any]:
-    """The settings ConfigMap ``directory`` renders, with some keys changed (None: removed)."""
-    configmap = copy.deepcopy(rendered(directory)[2])
-    for key, value in changes.items():
-        if value is None:
-            configmap["data"].pop(key, None)
-        else:
-            configmap["data"][key] = value
-    return configmap
+def policy(source: str = LABEL_MODE, **settings: str) -> Policy:
+    """The policy as ``source`` renders it ("both": label mode's, in both mode), or a user's
+    overlay on it that merges ``settings``."""
+    if source == "both":
+        return compiled_policy(LABEL_MODE, NAME, SERVE_HEALTH_MODE="both", **settings)
+    return compiled_policy(source, NAME, **settings)
 
 
 # -- sample requests --------------------------------------------------------------------
 
 
-def request(operation: str = "UPDATE", sub: str = "", user: str = ACCOUNT) -> dict[str, Any]:
+def request(
+    operation: str = "UPDATE",
+    sub: str = "",
+    user: str = ACCOUNT,
+    about: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """An admission request; ``about``: the pod it is on (its namespace and name, which the
+    API server puts in the request), ray/worker-1 if not given."""
+    metadata = (about or {}).get("metadata", {})
     return {
         "operation": operation,
         "subResource": sub,
         "resource": {"group": "", "version": "v1", "resource": "pods"},
         "userInfo": {"username": user, "groups": ["system:serviceaccounts"]},
-        "namespace": "ray",
-        "name": "worker-1",
+        "namespace": metadata.get("namespace", "ray"),
+        "name": metadata.get("name", "worker-1"),
     }
 
 
@@ -348,7 +349,8 @@ WHY = {
 
 def evaluate(case: Case) -> Verdict:
     req, old, edit, source = case
-    settings = params(LABEL_MODE, SERVE_HEALTH_MODE="both") if source == "both" else params(source)
+    if old is not None:  # the request names the pod it is on
+        req = {**req, "namespace": old["metadata"]["namespace"], "name": old["metadata"]["name"]}
     if req["operation"] == "DELETE":
         obj = None
     elif req["operation"] == "CREATE":
@@ -357,7 +359,7 @@ def evaluate(case: Case) -> Verdict:
     else:
         assert old is not None
         obj = changed(old, edit)
-    return policy().admit(req, obj, old, settings)
+    return policy(source).admit(req, obj, old)
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, id=name) for name, c in ALLOWED.items()])
@@ -382,9 +384,7 @@ def test_every_refusal_says_why() -> None:
 
 def test_other_users_are_not_matched_at_all() -> None:
     for user in (ELSEWHERE, KUBELET, "system:serviceaccount:kuberay:kuberay-operator"):
-        verdict = policy().admit(
-            request(user=user), changed(WORKER, set_image), WORKER, params(LABEL_MODE)
-        )
+        verdict = policy().admit(request(user=user), changed(WORKER, set_image), WORKER)
         assert not verdict.matched, user
 
 
@@ -401,61 +401,77 @@ def test_refusals_name_the_configured_label_and_the_pod() -> None:
     ]
 
 
-def test_the_policy_follows_the_settings_configmap() -> None:
-    """Change the label key in the one ConfigMap: the policy allows the new key and refuses
-    the old one; without the keys, the aggregator's own defaults."""
-    own_key = params(LABEL_MODE, SERVE_HEALTH_LABEL_KEY="ray-serve-health/serve")
+def test_the_policy_follows_the_settings_of_the_overlay() -> None:
+    """Change the label key in the one ConfigMap of a user's overlay: its policy allows the new
+    key and refuses the old one (kustomize writes the settings into the policy)."""
+    own_key = policy(LABEL_MODE, SERVE_HEALTH_LABEL_KEY="ray-serve-health/serve")
     flip_new = changed(WORKER, set_label("ray-serve-health/serve", "false"))
     flip_old = changed(WORKER, set_label(LABEL, "false"))
-    assert policy().admit(request(), flip_new, WORKER, own_key).allowed
-    assert not policy().admit(request(), flip_old, WORKER, own_key).allowed
-    bare = params(
-        LABEL_MODE,
-        SERVE_HEALTH_MODE=None,
-        SERVE_HEALTH_LABEL_KEY=None,
-        SERVE_HEALTH_CONDITION_TYPE=None,
-        SERVE_HEALTH_LEADER_LABEL=None,
-    )
-    assert policy().admit(request(), flip_old, WORKER, bare).allowed  # label mode, ray.io/serve
-    leader = changed(AGGREGATOR_POD, set_label(LEADER, "true"))
-    assert policy().admit(request(), leader, AGGREGATOR_POD, bare).allowed
-    del bare["data"]
-    assert policy().admit(request(), flip_old, WORKER, bare).allowed
+    assert own_key.admit(request(), flip_new, WORKER).allowed
+    assert not own_key.admit(request(), flip_old, WORKER).allowed
+    assert policy().admit(request(), flip_old, WORKER).allowed
+    own_leader = policy(GATE_MODE, SERVE_HEALTH_LEADER_LABEL="example.com/leader")
+    leader = changed(AGGREGATOR_POD, set_label("example.com/leader", "true"))
+    on_own_pod = request(about=AGGREGATOR_POD)
+    assert own_leader.admit(on_own_pod, leader, AGGREGATOR_POD).allowed
+    old_leader = changed(AGGREGATOR_POD, set_label(LEADER, "true"))
+    assert not own_leader.admit(on_own_pod, old_leader, AGGREGATOR_POD).allowed
 
 
-def test_the_aggregator_account_is_taken_from_the_configmaps_namespace() -> None:
-    moved = params(LABEL_MODE)
-    moved["metadata"]["namespace"] = "other"
+def test_the_aggregator_account_is_taken_from_the_overlays_namespace() -> None:
+    """A user's overlay in namespace `other`: its policy is for that namespace's aggregator
+    (and its pods are the leader label's), not for the default namespace's."""
+    moved = compiled_policy(GATE_MODE, NAME, "other")
     edit = changed(WORKER, set_image)
-    assert policy().admit(request(user=ELSEWHERE), edit, WORKER, moved).refusals
-    assert not policy().admit(request(), edit, WORKER, moved).matched
+    assert moved.admit(request(user=ELSEWHERE), edit, WORKER).refusals
+    assert not moved.admit(request(), edit, WORKER).matched
+    own = aggregator_pod()
+    own["metadata"]["namespace"] = "other"
+    verdict = moved.admit(
+        request(user=ELSEWHERE, about=own), changed(own, set_label(LEADER, "true")), own
+    )
+    assert verdict.allowed, verdict.refusals
+    theirs = request(user=ELSEWHERE, about=AGGREGATOR_POD)
+    leader = changed(AGGREGATOR_POD, set_label(LEADER, "true"))
+    assert moved.admit(theirs, leader, AGGREGATOR_POD).refusals
+
+
+def unrendered_policy() -> dict[str, Any]:
+    return yaml.safe_load((ROOT / "deploy/components/admission-policy/policy.yaml").read_text())
 
 
 @pytest.mark.parametrize("directory", [LABEL_MODE, GATE_MODE, "deploy/overlays/namespaced"])
 def test_the_binding_enforces_the_policy_with_the_aggregators_settings(directory: str) -> None:
     vap, binding, configmap = rendered(directory)
-    assert vap["spec"] == rendered(LABEL_MODE)[0]["spec"]  # one policy for every mode
+    # One policy for every mode, with the settings of the install written in.
+    data = configmap["data"]
+    constants = {
+        "RAY_SERVE_HEALTH_AGGREGATOR_NAMESPACE": configmap["metadata"]["namespace"],
+        "RAY_SERVE_HEALTH_AGGREGATOR_ACCOUNT": NAME,
+        "RAY_SERVE_HEALTH_AGGREGATOR_MODE": data["SERVE_HEALTH_MODE"],
+        "RAY_SERVE_HEALTH_AGGREGATOR_LABEL_KEY": data["SERVE_HEALTH_LABEL_KEY"],
+        "RAY_SERVE_HEALTH_AGGREGATOR_CONDITION_TYPE": data["SERVE_HEALTH_CONDITION_TYPE"],
+        "RAY_SERVE_HEALTH_AGGREGATOR_LEADER_LABEL": data["SERVE_HEALTH_LEADER_LABEL"],
+    }
+    expected = yaml.safe_dump(unrendered_policy()["spec"])
+    for var, value in constants.items():
+        expected = expected.replace(f"$({var})", value)
+    assert vap["spec"] == yaml.safe_load(expected)
     assert vap["spec"]["failurePolicy"] == "Fail"
-    assert vap["spec"]["paramKind"] == {"apiVersion": "v1", "kind": "ConfigMap"}
+    assert "paramKind" not in vap["spec"]  # no parameters: nothing to lose or edit
     (rule,) = vap["spec"]["matchConstraints"]["resourceRules"]
     assert rule["apiGroups"] == [""]
     assert set(rule["resources"]) == {"pods", "pods/*"}  # status and every other subresource
     assert rule["operations"] == ["*"]
-    assert binding["spec"]["policyName"] == vap["metadata"]["name"]
-    assert binding["spec"]["validationActions"] == ["Deny"]
-    assert binding["spec"]["paramRef"] == {
-        "name": configmap["metadata"]["name"],
-        "namespace": configmap["metadata"]["namespace"],
-        # Deny would refuse every pod update in the cluster while the ConfigMap is missing.
-        "parameterNotFoundAction": "Allow",
-    }
+    assert binding["spec"] == {"policyName": vap["metadata"]["name"], "validationActions": ["Deny"]}
     for validation in vap["spec"]["validations"]:
         assert validation["reason"] == "Forbidden"
         assert validation.get("message") or validation.get("messageExpression")
 
 
-def test_a_user_overlay_in_another_namespace_moves_the_parameters_along(tmp_path: Path) -> None:
-    """The binding's paramRef.namespace follows a `namespace:` set on top of an overlay."""
+def test_a_user_overlay_in_another_namespace_moves_the_policy_along(tmp_path: Path) -> None:
+    """A `namespace:` set on top of an overlay moves the settings and the account the policy
+    is for."""
     here = tmp_path / "mine"
     here.mkdir()
     (here / "kustomization.yaml").write_text(
@@ -469,6 +485,13 @@ def test_a_user_overlay_in_another_namespace_moves_the_parameters_along(tmp_path
         )
     )
     objects = render_written(here)
-    binding = find(objects, "ValidatingAdmissionPolicyBinding", NAME)
-    assert binding["spec"]["paramRef"]["namespace"] == "platform"
-    assert find(objects, "ConfigMap", SETTINGS)["metadata"]["namespace"] == "platform"
+    assert settings_configmap(objects)["metadata"]["namespace"] == "platform"
+    vap = find(objects, "ValidatingAdmissionPolicy", NAME)
+    (condition,) = vap["spec"]["matchConditions"]
+    assert "'platform'" in condition["expression"]
+    platform = Policy(vap)
+    edit = changed(WORKER, set_image)
+    assert platform.admit(
+        request(user=f"system:serviceaccount:platform:{NAME}"), edit, WORKER
+    ).refusals
+    assert not platform.admit(request(), edit, WORKER).matched

@@ -20,7 +20,6 @@ from tests.deploy.test_admission_policy import (
     GATE_MODE,
     LABEL,
     LABEL_MODE,
-    params,
     pod,
     policy,
     request,
@@ -72,9 +71,8 @@ REFUSED = {
 
 
 def admit(old: dict[str, Any], edits: list[Any], *, sub: str = "", source: str = LABEL_MODE):
-    settings = params(LABEL_MODE, SERVE_HEALTH_MODE="both") if source == "both" else params(source)
     new = changed(copy.deepcopy(old), all_of(*edits))
-    return policy().admit(request(sub=sub), new, old, settings)
+    return policy(source).admit(request(sub=sub), new, old)
 
 
 @pytest.mark.parametrize("name", list(ALLOWED))

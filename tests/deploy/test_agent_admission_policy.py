@@ -2,9 +2,10 @@
 fallback writes (issue 18: no aggregator answers, each agent writes for its own pods) to their
 own pods, evaluated as the API server would, on sample admission requests.
 
-The policy is taken from the rendered overlays, its parameters from the settings ConfigMap they
-render (the aggregator's, with the sidecars' accounts listed in SIDECAR_AGENT_SERVICE_ACCOUNTS
-as a user would). Every expression is compiled and evaluated with cel-python
+The policy is taken from a user's overlay on the rendered overlays that lists the sidecars'
+accounts in SIDECAR_AGENT_SERVICE_ACCOUNTS (as docs/install.md shows), with the constants
+kustomize writes into it from the settings ConfigMap. Every expression is compiled and
+evaluated by two CEL implementations, cel-python and Google's cel-cpp, which must agree
 (tests/deploy/cel_policy.py, shared with test_admission_policy.py); the user info carries the
 extras the API server's authenticator puts there for a pod-bound token
 (``authentication.kubernetes.io/pod-name``, ``pod-uid``, and from Kubernetes 1.30
@@ -25,7 +26,6 @@ The marks the policy allows are the ones the agents leave (servehealth_common/fa
 from __future__ import annotations
 
 import copy
-import functools
 import os
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -39,13 +39,22 @@ from tests.deploy.cel_policy import (
     Verdict,
     all_of,
     changed,
+    compiled_policy,
     rendered_policy,
     set_condition,
     set_image,
     set_label,
     set_path,
 )
-from tests.deploy.manifests import ROOT, SETTINGS, find, pod_specs, render, render_written
+from tests.deploy.manifests import (
+    ROOT,
+    SETTINGS,
+    find,
+    pod_specs,
+    render,
+    render_written,
+    settings_configmap,
+)
 
 NAMESPACE = "ray-serve-health"
 NAME = "ray-serve-health-agent"  # the policy's, its binding's and the DaemonSet's account
@@ -80,22 +89,13 @@ def rendered(directory: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, 
     return rendered_policy(directory, NAME)
 
 
-@functools.cache
-def policy() -> Policy:
-    return Policy(rendered(GATE_MODE)[0])
-
-
-def params(directory: str = GATE_MODE, **changes: str | None) -> dict[str, Any]:
-    """The settings ConfigMap ``directory`` renders, with the example's sidecar account listed
-    and some keys changed (None: removed)."""
-    configmap = copy.deepcopy(rendered(directory)[2])
-    configmap["data"][LIST] = SIDECAR
-    for key, value in changes.items():
-        if value is None:
-            configmap["data"].pop(key, None)
-        else:
-            configmap["data"][key] = value
-    return configmap
+def policy(source: str = GATE_MODE, **settings: str) -> Policy:
+    """The policy of a user's overlay on ``source`` ("both": label mode's, in both mode) that
+    lists the example's sidecar account and merges ``settings``."""
+    listed = {LIST: SIDECAR, **settings}
+    if source == "both":
+        return compiled_policy(LABEL_MODE, NAME, SERVE_HEALTH_MODE="both", **listed)
+    return compiled_policy(source, NAME, **listed)
 
 
 # -- sample requests --------------------------------------------------------------------
@@ -274,14 +274,12 @@ class Sample(NamedTuple):
 
 def evaluate(sample: Sample) -> Verdict:
     req, old, new, source = sample
-    both = source == "both"
-    settings = params(LABEL_MODE, SERVE_HEALTH_MODE="both") if both else params(source)
     if isinstance(new, dict) or new is None:
         obj = new
     else:
         assert old is not None
         obj = changed(old, new, manager="serve-health-agent")
-    return policy().admit(req, obj, old, settings)
+    return policy(source).admit(req, obj, old)
 
 
 # -- the cases --------------------------------------------------------------------------
@@ -667,7 +665,7 @@ def test_other_accounts_are_not_matched_at_all(user: str) -> None:
         (request(user, SIDECAR_TOKEN, operation="DELETE"), WORKER, None),
         (request(user, operation="CREATE", resource="events"), None, event(reason="Created")),
     ):
-        assert not policy().admit(req, new, old, params()).matched, user
+        assert not policy().admit(req, new, old).matched, user
 
 
 def test_the_sidecar_list_matches_whole_usernames() -> None:
@@ -680,56 +678,43 @@ def test_the_sidecar_list_matches_whole_usernames() -> None:
         (listed, "system:serviceaccount:a:on", False),
         (listed, "system:serviceaccount:b:two-2", False),
         (listed, "serviceaccount:a:one", False),
+        (listed, f"system:serviceaccount:a:one,{SIDECAR}", False),
         (SIDECAR, SIDECAR, True),
         (SIDECAR, SIDECAR + "-2", False),
         ("", SIDECAR, False),
         # The aggregator listed by mistake stays under its own policy only.
         (f"{SIDECAR},{AGGREGATOR}", AGGREGATOR, False),
     ):
-        verdict = policy().admit(
-            request(user, SIDECAR_TOKEN), edit, WORKER, params(**{LIST: value})
+        verdict = compiled_policy(GATE_MODE, NAME, **{LIST: value}).admit(
+            request(user, SIDECAR_TOKEN), edit, WORKER
         )
         assert verdict.matched is matched, (value, user)
-    no_list = params()
-    del no_list["data"][LIST]
-    assert not policy().admit(request(SIDECAR), edit, WORKER, no_list).matched
-    del no_list["data"]
-    assert policy().admit(request(DAEMONSET), edit, WORKER, no_list).matched
+    nobody = compiled_policy(GATE_MODE, NAME)  # the overlay as it is: no sidecar listed
+    assert not nobody.admit(request(SIDECAR), edit, WORKER).matched
+    assert nobody.admit(request(DAEMONSET), edit, WORKER).matched
 
 
-def test_the_daemonset_account_is_taken_from_the_configmaps_namespace() -> None:
-    moved = params()
-    moved["metadata"]["namespace"] = "other"
+def test_the_daemonset_account_is_taken_from_the_overlays_namespace() -> None:
+    moved = compiled_policy(GATE_MODE, NAME, "other", **{LIST: SIDECAR})
     edit = changed(WORKER, set_image)
-    assert policy().admit(request(ELSEWHERE, DAEMONSET_TOKEN), edit, WORKER, moved).refusals
-    assert not policy().admit(request(DAEMONSET), edit, WORKER, moved).matched
+    assert moved.admit(request(ELSEWHERE, DAEMONSET_TOKEN), edit, WORKER).refusals
+    assert not moved.admit(request(DAEMONSET), edit, WORKER).matched
 
 
-def test_the_policy_follows_the_settings_configmap() -> None:
-    """The label key and condition type of the one ConfigMap; without them, the aggregator's
-    defaults (label mode, ray.io/serve)."""
-    own_key = params(LABEL_MODE, SERVE_HEALTH_LABEL_KEY="ray-serve-health/serve")
+def test_the_policy_follows_the_settings_of_the_overlay() -> None:
+    """The label key and condition type of the one ConfigMap, written into the policy."""
+    own_key = policy(LABEL_MODE, SERVE_HEALTH_LABEL_KEY="ray-serve-health/serve")
     new_key = all_of(
         set_label("ray-serve-health/serve", "false"),
         set_path("metadata", "annotations", marks.ANNOTATION, value=f"{WHEN} node node-a"),
     )
-    assert policy().admit(request(), changed(WORKER, new_key), WORKER, own_key).allowed
-    assert (
-        not policy().admit(request(), changed(WORKER, flip_label("false")), WORKER, own_key).allowed
-    )
-    own_type = params(SERVE_HEALTH_CONDITION_TYPE="example.com/serving")
+    assert own_key.admit(request(), changed(WORKER, new_key), WORKER).allowed
+    assert not own_key.admit(request(), changed(WORKER, flip_label("false")), WORKER).allowed
+    own_type = policy(SERVE_HEALTH_CONDITION_TYPE="example.com/serving")
     flip = changed(UNGATED, set_condition("example.com/serving", "True", marks.CONDITION_REASON))
-    assert policy().admit(request(**STATUS), flip, UNGATED, own_type).allowed
-    bare = params(
-        SERVE_HEALTH_MODE=None, SERVE_HEALTH_LABEL_KEY=None, SERVE_HEALTH_CONDITION_TYPE=None
-    )
-    label = changed(WORKER, flip_label("false"))
-    assert policy().admit(request(), label, WORKER, bare).allowed
-    assert (
-        not policy()
-        .admit(request(**STATUS), changed(WORKER, flip_condition("False")), WORKER, bare)
-        .allowed
-    )
+    assert own_type.admit(request(**STATUS), flip, UNGATED).allowed
+    old_type = changed(UNGATED, flip_condition("True"))
+    assert not own_type.admit(request(**STATUS), old_type, UNGATED).allowed
 
 
 def test_the_policy_allows_the_marks_the_agents_leave() -> None:
@@ -757,34 +742,46 @@ INSTALLS = [
 ]
 
 
+def unrendered_policy() -> dict[str, Any]:
+    path = ROOT / "deploy/components/agent-admission-policy/policy.yaml"
+    return yaml.safe_load(path.read_text())
+
+
 @pytest.mark.parametrize("directory", INSTALLS)
 def test_every_install_binds_the_policy_with_the_aggregators_settings(directory: str) -> None:
     vap, binding, configmap = rendered(directory)
-    assert vap["spec"] == rendered(GATE_MODE)[0]["spec"]  # one policy for every mode
+    # One policy for every mode, with the settings of the install written in.
+    data = configmap["data"]
+    constants = {
+        "RAY_SERVE_HEALTH_AGENT_NAMESPACE": configmap["metadata"]["namespace"],
+        "RAY_SERVE_HEALTH_AGENT_AGGREGATOR_ACCOUNT": "ray-serve-health-aggregator",
+        "RAY_SERVE_HEALTH_SIDECAR_ACCOUNTS": data[LIST],
+        "RAY_SERVE_HEALTH_AGENT_MODE": data["SERVE_HEALTH_MODE"],
+        "RAY_SERVE_HEALTH_AGENT_LABEL_KEY": data["SERVE_HEALTH_LABEL_KEY"],
+        "RAY_SERVE_HEALTH_AGENT_CONDITION_TYPE": data["SERVE_HEALTH_CONDITION_TYPE"],
+    }
+    expected = yaml.safe_dump(unrendered_policy()["spec"])
+    for var, value in constants.items():
+        expected = expected.replace(f"$({var})", value)
+    assert vap["spec"] == yaml.safe_load(expected)
     assert vap["spec"]["failurePolicy"] == "Fail"
-    assert vap["spec"]["paramKind"] == {"apiVersion": "v1", "kind": "ConfigMap"}
+    assert "paramKind" not in vap["spec"]  # no parameters: nothing to lose or edit
     (rule,) = vap["spec"]["matchConstraints"]["resourceRules"]
     assert rule["apiGroups"] == [""]
     assert set(rule["resources"]) == {"pods", "pods/*", "events"}
     assert rule["operations"] == ["*"]
-    assert binding["spec"]["policyName"] == vap["metadata"]["name"] == NAME
-    assert binding["spec"]["validationActions"] == ["Deny"]
-    assert binding["spec"]["paramRef"] == {
-        "name": configmap["metadata"]["name"],
-        "namespace": configmap["metadata"]["namespace"],
-        # Deny would refuse every pod update and Event in the cluster without the ConfigMap.
-        "parameterNotFoundAction": "Allow",
-    }
+    assert vap["metadata"]["name"] == NAME
+    assert binding["spec"] == {"policyName": NAME, "validationActions": ["Deny"]}
     for validation in vap["spec"]["validations"]:
         assert validation["reason"] == "Forbidden"
         assert validation.get("message") or validation.get("messageExpression")
     # The sidecars' list is there, empty until you list your Ray pods' accounts.
-    assert configmap["data"][LIST] == ""
+    assert data[LIST] == ""
 
 
 def test_a_user_overlay_lists_its_sidecars(tmp_path: Path) -> None:
-    """The configMapGenerator merge the docs show puts the account where the policy reads it,
-    and the policy then limits it (in a namespace of the user's choosing, too)."""
+    """The configMapGenerator merge the docs show puts the account into the policy, which then
+    limits it (in a namespace of the user's choosing, too)."""
     here = tmp_path / "mine"
     here.mkdir()
     (here / "kustomization.yaml").write_text(
@@ -805,16 +802,16 @@ def test_a_user_overlay_lists_its_sidecars(tmp_path: Path) -> None:
         )
     )
     objects = render_written(here)
-    binding = find(objects, "ValidatingAdmissionPolicyBinding", NAME)
-    assert binding["spec"]["paramRef"]["namespace"] == "platform"
-    settings = find(objects, "ConfigMap", SETTINGS)
+    settings = settings_configmap(objects)
     assert settings["metadata"]["namespace"] == "platform"
     assert settings["data"][LIST] == SIDECAR
+    theirs = Policy(find(objects, "ValidatingAdmissionPolicy", NAME))
     edit = changed(WORKER, set_image)
-    assert policy().admit(request(SIDECAR), edit, WORKER, settings).refusals
-    # The DaemonSet agent of that installation, in its namespace.
+    assert theirs.admit(request(SIDECAR), edit, WORKER).refusals
+    # The DaemonSet agent of that installation, in its namespace; not the default one's.
     daemonset = f"system:serviceaccount:platform:{NAME}"
-    assert policy().admit(request(daemonset, DAEMONSET_TOKEN), edit, WORKER, settings).refusals
+    assert theirs.admit(request(daemonset, DAEMONSET_TOKEN), edit, WORKER).refusals
+    assert not theirs.admit(request(DAEMONSET), edit, WORKER).matched
 
 
 def test_the_sidecar_example_runs_as_the_account_to_list() -> None:

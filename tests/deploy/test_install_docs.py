@@ -98,8 +98,9 @@ def test_a_component_in_another_namespace(tmp_path: Path) -> None:
     assert certificate["metadata"]["namespace"] == "platform"
     assert f"{AGGREGATOR}.platform.svc.cluster.local" in certificate["spec"]["dnsNames"]
     for name in (AGGREGATOR, AGENT):  # the aggregator's admission policy and the agents'
-        binding = find(objects, "ValidatingAdmissionPolicyBinding", name)
-        assert binding["spec"]["paramRef"]["namespace"] == "platform"
+        policy = find(objects, "ValidatingAdmissionPolicy", name)
+        (condition,) = policy["spec"]["matchConditions"]
+        assert "'platform'" in condition["expression"]  # its accounts are platform's
 
 
 def test_the_minimum_kubernetes_version_is_the_one_checked() -> None:
