@@ -32,6 +32,7 @@ from tests.deploy.manifests import (
     render,
     renderable,
     settings,
+    settings_configmap,
 )
 
 VERSION = __version__
@@ -338,7 +339,8 @@ def test_what_the_aggregator_writes_is_set_in_the_settings_configmap_only(direct
     let the aggregator write what the policy does not expect."""
     objects = render(directory)
     container = find(objects, "Deployment", AGGREGATOR)["spec"]["template"]["spec"]["containers"][0]
-    assert container["envFrom"] == [{"configMapRef": {"name": SETTINGS}}]
+    configmap = settings_configmap(objects)
+    assert container["envFrom"] == [{"configMapRef": {"name": configmap["metadata"]["name"]}}]
     data = settings(objects)
     written = {
         "SERVE_HEALTH_MODE",
@@ -349,8 +351,8 @@ def test_what_the_aggregator_writes_is_set_in_the_settings_configmap_only(direct
     }
     assert written <= set(data), sorted(written - set(data))
     assert not set(data) & set(env_of(container)), "set in env too"
-    configmap = find(objects, "ConfigMap", SETTINGS)
-    assert configmap["metadata"]["name"] == SETTINGS  # no hash suffix: the binding names it
+    # A hash suffix: a changed setting is a new name, and the pods roll (test_settings_roll.py).
+    assert configmap["metadata"]["name"].startswith(f"{SETTINGS}-")
 
 
 def test_label_mode_overlay_writes_the_label_on_workers_only() -> None:

@@ -29,7 +29,7 @@ import pytest
 
 from aggregator.kube.api import KubeApi
 from servehealth_common.kube.client import KubeClient
-from tests.deploy.manifests import ROOT, find, render
+from tests.deploy.manifests import ROOT, find, render, settings
 
 Permission = tuple[str, str, str]  # (API group, resource, verb); "" is the core group
 
@@ -215,9 +215,7 @@ def grants(objects: list[dict], account: str) -> dict[str, set[Permission]]:
 
 
 def settings_mode(objects: list[dict]) -> str:
-    return find(objects, "ConfigMap", "ray-serve-health-aggregator-settings")["data"][
-        "SERVE_HEALTH_MODE"
-    ]
+    return settings(objects)["SERVE_HEALTH_MODE"]
 
 
 @pytest.mark.parametrize("cls", [KubeClient, KubeApi], ids=lambda c: c.__name__)
