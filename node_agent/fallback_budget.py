@@ -86,6 +86,21 @@ class ApiBudget:
         self._used += 1
         return max(now, offset + slot * period)
 
+    def try_reserve(self) -> bool:
+        """Reserve one request for now, if the current slot is open and has room (an Event:
+        sent now or not at all, never waiting for a slot of its own)."""
+        now, period = self._clock(), self.period
+        offset = self._phase * period
+        slot = math.floor((now - offset) / period)
+        if now >= offset + slot * period + min(WINDOW, period) or slot < self._slot:
+            return False
+        if slot == self._slot and self._used >= PER_SLOT:
+            return False
+        if slot != self._slot:
+            self._slot, self._used = slot, 0
+        self._used += 1
+        return True
+
     def describe(self) -> str:
         return (
             f"{PER_SLOT} API requests every {self.period:.3g}s (the fleet's budget of "

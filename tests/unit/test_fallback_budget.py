@@ -70,3 +70,15 @@ def test_a_fleet_failing_at_once_stays_within_the_budget(share: float) -> None:
     whole = [per_second.get(second, 0) for second in range(int(3 * period))]
     for begin in range(len(whole) - 60):
         assert sum(whole[begin : begin + 60]) / 60 <= 50
+
+
+def test_an_event_goes_in_its_writes_slot_or_not_at_all() -> None:
+    clock = Clock()
+    budget = ApiBudget(fleet_budget=40, fleet_size=100, clock=clock, rng=random.Random(3))
+    clock.now = budget.reserve()  # the write, at its slot
+    assert budget.try_reserve()  # its Event: the slot has room
+    assert not budget.try_reserve()  # no room left: not sent, and no wait
+    clock.now += WINDOW  # the slot's window is over
+    assert not budget.try_reserve()
+    clock.now = budget.reserve()  # the next slot's first request
+    assert budget.try_reserve()
