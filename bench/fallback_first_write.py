@@ -41,11 +41,14 @@ of the Lease (an agent judges the Lease on its own monotonic clock: a Lease firs
 renewed for a whole duration from that read).
 
 The failing agent's log gives the breakdown (wall clock, milliseconds): when its stream ended,
-when fallback began; its metrics give the fleet API budget's slot period (2 x fleet size / 40 s:
-0.6 s for 12) and how long its requests waited for slots.
+when fallback began (left out of a trial in which the wall clock moved against the monotonic
+one: a clock step, or the machine paused; every other figure is on the monotonic clock); its
+metrics give the fleet API budget's slot period (2 x fleet size / 40 s: 0.6 s for 12) and how
+long its requests waited for slots; ``/proc/PID/stat`` the CPU time it used from the kill to
+the write (against the healthy agents' median: their probes).
 
-Run from the repository root (about 4 minutes with the defaults: 5 trials of ``a`` and of
-``b`` with a 3 s Lease; add 15 s Leases with ``--lease-durations 3,15``, about 8 minutes)::
+Run from the repository root (about 3.5 minutes with the defaults: 5 trials of ``a`` and of
+``b`` with a 3 s Lease; add 15 s Leases with ``--lease-durations 3,15``, about 7 minutes)::
 
     .venv/bin/python -m bench.fallback_first_write
     .venv/bin/python -m bench.fallback_first_write --pin 0 --lease-durations 3,15
@@ -99,6 +102,8 @@ LEASE_NAME = "ray-serve-health-aggregator"
 #: The issue's target: the first write within --fallback-after plus this.
 TARGET_MARGIN = 2.0
 POLL = 0.01
+#: A larger move of the wall clock against the monotonic one during a trial voids its log times.
+CLOCK_STEP = 0.05
 #: Shared objects only the Kubernetes client (node_agent.fallback_writer) brings into a sidecar.
 CLIENT_MARKERS = ("/yaml/_yaml.", "/charset_normalizer/md.")
 
@@ -168,6 +173,15 @@ def client_loaded(pid: int) -> bool | None:
     except OSError:
         return None
     return any(marker in maps for marker in CLIENT_MARKERS)
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User plus system CPU time the process has used so far (None: gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def rss_mib(pid: int) -> float | None:
@@ -286,11 +300,19 @@ class Trial:
     healthy_fallback_logged: int = 0
     healthy_rss_mib_max: float | None = None
     failing_rss_mib: float | None = None
+    #: CPU time used from the kill until the write was seen: the failing agent, and the
+    #: healthy agents' median (their probes only, if they do nothing else).
+    failing_cpu_s: float | None = None
+    healthy_cpu_s: float | None = None
     other_requests: int = 0  # agent User-Agent, unknown token (expected 0)
     aggregator_writes_after_kill: int = 0
     load_average: list[float] = field(default_factory=list)
     beside: list[str] = field(default_factory=list)  # other benches and test runs at the kill
     back_s: float = 0.0  # from the restart until every agent connected and every pod True
+    #: How far the wall clock moved against the monotonic one during the trial (a step of the
+    #: clock, or the machine paused): the log's times (wall clock) are then not comparable
+    #: with the kill, and the figures taken from them are left out (None).
+    clock_step_s: float = 0.0
 
 
 class Bench:
@@ -430,8 +452,11 @@ class Bench:
         mark = kube.checkpoint()
         load, beside = list(os.getloadavg()), other_benches()
 
+        pids = {agent.pod: agent.process.pid for agent in self.agents if agent.process}
+        cpu_before = {pod: cpu_seconds(pid) for pod, pid in pids.items()}
         failing.proxy.set(FAILING)
         killed, killed_wall = loop.time(), time.time()
+        offset = killed_wall - killed
         self.aggregator.popen.kill()
         await asyncio.to_thread(self.aggregator.popen.wait, 10)
         self.aggregator.stop()  # (reaped: closes its log)
@@ -467,10 +492,17 @@ class Bench:
             await asyncio.sleep(POLL)
         assert false_at is not None
         first_write = patches()[0].at - killed
+        cpu_used = {}
+        for pod, pid in pids.items():
+            before, now_cpu = cpu_before[pod], cpu_seconds(pid)
+            if before is not None and now_cpu is not None:
+                cpu_used[pod] = round(now_cpu - before, 2)
+        healthy_cpu = [cpu for pod, cpu in cpu_used.items() if pod != failing.pod]
         await asyncio.sleep(self.args.hold)
 
         # What the agents did, before anything restarts.
         text = failing.process.log_text()
+        step = time.time() - loop.time() - offset
         ended = first_after(text, STREAM_ENDED, killed_wall)
         began = first_after(text, FALLBACK_BEGAN, killed_wall)
         slots = SLOT.findall(text)
@@ -532,7 +564,9 @@ class Bench:
         lease_read = lease_reads[0].at - killed if lease_reads else None
 
         def since_kill(wall: float | None) -> float | None:
-            return None if wall is None else round(wall - killed_wall, 3)
+            if wall is None or abs(step) > CLOCK_STEP:
+                return None
+            return round(wall - killed_wall, 3)
 
         began_s = since_kill(began)
         return Trial(
@@ -569,11 +603,14 @@ class Bench:
             healthy_fallback_logged=healthy_began,
             healthy_rss_mib_max=max((r for r in rss if r is not None), default=None),
             failing_rss_mib=failing_rss,
+            failing_cpu_s=cpu_used.get(failing.pod),
+            healthy_cpu_s=statistics.median(healthy_cpu) if healthy_cpu else None,
             other_requests=len(strays),
             aggregator_writes_after_kill=len(aggregator_writes),
             load_average=[round(x, 2) for x in load],
             beside=beside,
             back_s=round(back, 2),
+            clock_step_s=round(step, 3),
         )
 
     async def stop(self) -> None:
@@ -624,7 +661,13 @@ async def run(args: argparse.Namespace, log_dir: Path) -> list[Trial]:
                     f"{trial.condition_false_s:.2f}s, slot wait {trial.budget_wait_s}s; "
                     f"healthy agents: {trial.healthy_requests} requests, client loaded in "
                     f"{len(trial.healthy_client_loaded)}; load {trial.load_average[0]:.2f}"
-                    + (f", beside {len(trial.beside)} other run(s)" if trial.beside else ""),
+                    + (f", beside {len(trial.beside)} other run(s)" if trial.beside else "")
+                    + (
+                        f"; WALL CLOCK MOVED {trial.clock_step_s:+.2f}s against the monotonic "
+                        "clock: log times left out"
+                        if abs(trial.clock_step_s) > CLOCK_STEP
+                        else ""
+                    ),
                     flush=True,
                 )
         finally:
@@ -650,6 +693,7 @@ COLUMNS = (
     ("fallback_began_s", "fb began"),
     ("began_to_write_s", "began->write"),
     ("budget_wait_s", "slot wait"),
+    ("failing_cpu_s", "agent CPU"),
     ("lease_expiry_s", "Lease expiry"),
     ("write_from_expiry_s", "write-expiry"),
     ("lease_read_s", "Lease read"),
@@ -743,7 +787,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{variant.name:>8} {which:>6}{cells}")
     print("(seconds from the SIGKILL; write-expiry: from the Lease's last renewTime + duration;")
     print(" write-read: from the failing agent's first GET of the Lease; slot wait: the agent's")
-    print(" fallback_api_wait_seconds_total over the trial)")
+    print(" fallback_api_wait_seconds_total over the trial; agent CPU: the failing agent's CPU")
+    print(" time from the kill to the write)")
     healthy = sum(t.healthy_requests for t in trials)
     healthy_loaded = sum(len(t.healthy_client_loaded) for t in trials)
     strays = sum(t.other_requests for t in trials)
@@ -764,6 +809,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{'all' if marker_ok else 'NOT all'} show it loaded: the check sees it); requests by "
         f"an agent with an unknown token: {strays}"
     )
+    steps = [t.clock_step_s for t in trials if abs(t.clock_step_s) > CLOCK_STEP]
+    if steps:
+        print(
+            f"the wall clock moved against the monotonic one in {len(steps)} trial(s) "
+            f"({', '.join(f'{x:+.2f}s' for x in steps)}): their log times are left out"
+        )
     print(
         f"load average before {load_before[0]:.2f}, after {load_after[0]:.2f}"
         + (f"; beside: {len(beside)} other bench(es) at the start" if beside else "")
@@ -800,7 +851,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "notes": [
             "first_write_s: arrival at the emulator of the failing agent's first PATCH of its "
             "pod's status; condition_false_s: the stored condition seen False (polled, 10 ms)",
-            "fallback_began_s, stream_ended_s: the failing agent's log lines (milliseconds)",
+            "failing_cpu_s: CPU time (user + system) the failing agent used from the kill until "
+            "its write was seen; healthy_cpu_s: the healthy agents' median over the same time",
+            "fallback_began_s, stream_ended_s: the failing agent's log lines (wall clock, "
+            "milliseconds); None in a trial whose wall clock moved against the monotonic one by "
+            f"more than {CLOCK_STEP:g}s (clock_step_s: a clock step, or the machine paused); every "
+            "other figure is on the monotonic clock",
             "began_to_write_s (variant a): loading the writer (import node_agent.fallback_writer, "
             "then kubernetes.client.CoreV1Api on the client's creation, both in a thread), the "
             "budget's slot wait (budget_wait_s) and the PATCH",
@@ -815,6 +871,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "healthy_requests": healthy,
         "healthy_client_loaded": healthy_loaded,
         "client_check_sees_failing_agents": marker_ok,
+        "clock_steps_s": steps,
         "trials": [dataclasses.asdict(t) for t in trials],
         "log_dir": str(log_dir),
         "wall_time_s": round(time.monotonic() - started, 1),
