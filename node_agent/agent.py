@@ -23,8 +23,9 @@ import time
 from node_agent import __version__
 from node_agent.fallback import Fallback
 from node_agent.fallback_budget import ApiBudget
+from node_agent.fallback_ports import WriterLike
 from node_agent.fallback_rules import WhosePods
-from node_agent.fallback_runner import FallbackRunner, WriterLike
+from node_agent.fallback_runner import FallbackRunner
 from node_agent.flags import AgentFlags
 from node_agent.identity import SidecarPod
 from node_agent.lease_gate import LeaseName

@@ -25,17 +25,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from typing import Protocol
+from collections.abc import Callable
 
 from node_agent.fallback import Fallback, FallbackChange, FallbackPhase
+from node_agent.fallback_ports import OpenWriter, WriterLike
 from node_agent.fallback_rules import (
-    DEFAULT_FAILURE_THRESHOLD,
-    DEFAULT_SUCCESS_THRESHOLD,
     PodFacts,
-    Write,
-    WriteRules,
 )
+from node_agent.fallback_wire import facts_from_view, rules_from
 from node_agent.lease_gate import Judged, LeaseName, LeaseSeen
 from node_agent.sink import MetricsSink
 from servehealth.v1 import servehealth_pb2 as pb
@@ -46,69 +43,6 @@ from servehealth_common.probe import ProbeResult
 log = logging.getLogger(__name__)
 
 FALLBACK = FallbackPhase.FALLBACK
-
-
-def facts_from_view(view: pb.PodView, writes: pb.WriteSettings) -> PodFacts | None:
-    """A sidecar's pod as the aggregator told it (``AggregatorMessage.pod``), in the names of
-    that aggregator's ``writes``; None if it names no pod."""
-    ref = view.pod
-    if not ref.namespace or not ref.name:
-        return None
-    label_key, condition_type = writes.label_key, writes.condition_type
-    return PodFacts(
-        key=PodKey(ref.namespace, ref.name),
-        uid=ref.uid,
-        node_name=view.node_name,
-        labels={label_key: view.label} if view.HasField("label") and label_key else {},
-        conditions=(
-            {condition_type: view.condition}
-            if view.HasField("condition") and condition_type
-            else {}
-        ),
-        readiness_gates=frozenset({condition_type} if view.gated and condition_type else ()),
-        overridden=view.overridden,
-        resource_version=view.resource_version,
-    )
-
-
-def rules_from(writes: pb.WriteSettings) -> WriteRules | None:
-    """The rules of an aggregator's ``WriteSettings``; None if it allows no fallback."""
-    if not writes.fallback:
-        return None
-    return WriteRules(
-        label_key=writes.label_key if writes.label else "",
-        condition_type=writes.condition_type if writes.condition else "",
-        failure_threshold=writes.failure_threshold or DEFAULT_FAILURE_THRESHOLD,
-        success_threshold=writes.success_threshold or DEFAULT_SUCCESS_THRESHOLD,
-    )
-
-
-class WriterLike(Protocol):
-    """What the runner needs of :class:`~node_agent.fallback_writer.FallbackWriter`."""
-
-    def submit(self, write: Write) -> None: ...
-
-    async def run(self) -> None: ...
-
-    async def follow_pod(
-        self, key: PodKey, seen: Callable[[PodFacts], None], gone: Callable[[PodKey], None]
-    ) -> None: ...
-
-    async def follow_lease(self, name: LeaseName, to: LeaseListener) -> None: ...
-
-    async def read_pod(self, key: PodKey) -> PodFacts | None: ...
-
-
-class LeaseListener(Protocol):
-    """Who is told what the Lease shows (:class:`FallbackRunner`)."""
-
-    def lease_seen(self, name: LeaseName, record: LeaseSeen | None) -> None: ...
-
-    def lease_unreadable(self, name: LeaseName) -> None: ...
-
-
-#: Makes the writer when fallback first begins; None if it cannot (it logged why).
-OpenWriter = Callable[[Fallback], Awaitable["WriterLike | None"]]
 
 
 class FallbackRunner:
@@ -131,6 +65,8 @@ class FallbackRunner:
         self._wake = asyncio.Event()
         self._writer: WriterLike | None = None
         self._writer_task: asyncio.Task[None] | None = None
+        self._opening: asyncio.Task[None] | None = None  # the writer being made
+        self._prepared = False  # whether the writer was made ahead of fallback once
         self._follow_task: asyncio.Task[None] | None = None  # a sidecar's watch of its pod
         self._read_task: asyncio.Task[None] | None = None  # a sidecar's read of its pod
         self._writes = pb.WriteSettings()  # the last aggregator's (names in its PodViews)
@@ -251,10 +187,17 @@ class FallbackRunner:
                 self._log(change)
                 if change is not None and change.old is FALLBACK:
                     self._stop_following()  # the Lease is renewed again: an aggregator is back
+                self._prepare_writer()
                 await self._read_lease()
                 await self._act()
         finally:
-            tasks = (self._follow_task, self._read_task, self._lease_task, self._writer_task)
+            tasks = (
+                self._follow_task,
+                self._read_task,
+                self._lease_task,
+                self._writer_task,
+                self._opening,
+            )
             self._stop_following()
             self._stop_lease()
             for task in tasks:
@@ -283,13 +226,34 @@ class FallbackRunner:
         return key is not None and self.core.held(key)
 
     async def _writer_now(self) -> WriterLike | None:
-        """The writer (and its client), made the first time it is needed."""
+        """The writer (and its client), made once: when the first request is due, or ahead of
+        fallback (:meth:`_prepare_writer`); None if it cannot be made (logged)."""
         if self._writer is None:
-            self._writer = await self._open_writer(self.core)
-            if self._writer is None:
-                return None
-            self._writer_task = asyncio.create_task(self._writer.run(), name="fallback writer")
+            await (self._opening or self._start_opening())
         return self._writer
+
+    def _prepare_writer(self) -> None:
+        """Make the writer (load the client: about a second of CPU) as soon as the agent has
+        something to write while no stream is up, so that it is ready when fallback begins
+        (it sends nothing). Once: an agent that cannot make it says so once."""
+        if self._prepared or self._writer is not None or self._opening is not None:
+            return
+        if self.core.phase is FallbackPhase.WAITING and self.core.has_work():
+            self._prepared = True
+            self._start_opening()
+
+    def _start_opening(self) -> asyncio.Task[None]:
+        self._opening = asyncio.create_task(self._make_writer(), name="open fallback writer")
+        return self._opening
+
+    async def _make_writer(self) -> None:
+        try:
+            writer = await self._open_writer(self.core)
+        finally:
+            self._opening = None
+        if writer is not None and self._writer is None:
+            self._writer = writer
+            self._writer_task = asyncio.create_task(writer.run(), name="fallback writer")
 
     async def _read_lease(self) -> None:
         """Watch the Lease while the decider wants it read (a write wanted, fallback due but

@@ -31,8 +31,8 @@ from typing import Any
 
 from node_agent.fallback import Fallback, FallbackPhase
 from node_agent.fallback_bodies import event_body, utc_now, write_body
+from node_agent.fallback_ports import LeaseListener
 from node_agent.fallback_rules import Kind, PodFacts, Write
-from node_agent.fallback_runner import LeaseListener
 from node_agent.flags import AgentFlags
 from node_agent.lease_gate import LeaseName
 from node_agent.lease_watch import follow_lease

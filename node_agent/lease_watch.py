@@ -25,7 +25,7 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from node_agent.fallback_runner import LeaseListener
+from node_agent.fallback_ports import LeaseListener
 from node_agent.lease_gate import LeaseName, LeaseSeen
 from servehealth_common.backoff import Backoff, jittered
 from servehealth_common.kube.client import KubeClient

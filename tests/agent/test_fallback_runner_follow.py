@@ -181,6 +181,25 @@ async def test_an_override_is_followed_until_it_goes(rig: Rig) -> None:
     assert rig.core.facts(KEY) is None  # forgotten: a view or a read tells it afresh
 
 
+async def test_the_writer_is_made_ahead_of_fallback_once_a_write_is_wanted(rig: Rig) -> None:
+    """Its client takes a second of CPU to load: made while the agent waits out
+    --fallback-after, as soon as its probes call for a write (nothing is sent before)."""
+    rig.runner.pod_view(view("41"))
+    rig.runner.ended()  # a stream was up: it ended now
+    rig.probe(ServeState.SERVING)
+    rig.probe(ServeState.SERVING)
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert not rig.opened.is_set()  # nothing to write: nothing loaded
+    rig.probe(ServeState.NOT_READY)
+    await asyncio.wait_for(rig.opened.wait(), 5)
+    assert rig.core.phase is FallbackPhase.WAITING  # still before --fallback-after
+    assert rig.writer.writes == []
+    rig.now += AFTER
+    rig.runner.ended()
+    await eventually(lambda: rig.writer.writes)
+
+
 async def test_no_read_when_fallback_ended_while_the_writer_was_made() -> None:
     release = asyncio.Event()
     rig = Rig(open_delay=release)
