@@ -8,26 +8,39 @@ and prints every change and a summary line.
 
 Give it the aggregator's ``--mode``, ``--label-key``, ``--condition-type`` and
 ``--pod-selector`` (same flags, same ``SERVE_HEALTH_*`` variables, same defaults). It refuses
-(exit 2) while the aggregator's leader-election Lease is held and renewed, unless ``--force``:
-a running aggregator would write everything back. Exit 0: nothing failed; 1: some pod could not
-be cleaned up (or the API did not answer); 2: refused, or a usage error.
+(exit 2), unless ``--force``, while the aggregator's leader-election Lease is held and renewed
+(a running aggregator would write everything back), and when agents in fallback wrote pods
+after the aggregator went away (they would write back what it changes:
+:mod:`aggregator.cleanup_agents`); after its changes it looks again, ``--verify-for``, for
+agents that wrote any pod since it started. Exit 0: nothing failed; 1: some pod could not be
+cleaned up, or agents wrote pods back (or the API did not answer); 2: refused, or a usage
+error.
 """
 
 from __future__ import annotations
 
+import asyncio
+import datetime
 import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
+from aggregator import cleanup_agents
 from aggregator.cleanup_rules import CleanupRules
 from aggregator.flags import AggregatorFlags
 from aggregator.kube.api import KubeApi
-from aggregator.kube.cleanup import Cleaner, CleanupSettings, Retrier, live_holder
+from aggregator.kube.cleanup import (
+    Cleaner,
+    CleanupSettings,
+    Retrier,
+    last_renewal,
+    live_holder,
+)
 from aggregator.kube.lease import KubeLeaseStore, LeaderElectionConfigError, lease_namespace
+from servehealth_common import fallback_marks, logs, runtime
 from servehealth_common import flags as shared
-from servehealth_common import logs, runtime
 from servehealth_common.config import load, setting
 from servehealth_common.kube.client import NoKubeConfig, load_configuration
 from servehealth_common.kube.errors import APIError
@@ -76,7 +89,16 @@ class CleanupFlags:
     dry_run: bool = setting(False, "Print what would change; change nothing.")
     force: bool = setting(
         False,
-        "Clean up even while the aggregator's Lease is held (it would write its values back).",
+        "Clean up even while the aggregator's Lease is held (it would write its values back), "
+        "or after agents in fallback wrote pods since the aggregator went away (they would "
+        "write back what this changes: stop them first, docs/install.md).",
+    )
+    fallback_window: float = setting(
+        600.0,
+        "Without a Lease record of the aggregator (no --leader-elect), how far back a mark of "
+        "an agent's fallback write (its annotation, a NoAggregator condition) counts as an "
+        "agent still writing; with one, the marks after its last renewal or release count.",
+        duration=True,
     )
     lease_name: str = setting(
         _aggregators("leader_elect_lease_name"),
@@ -87,6 +109,15 @@ class CleanupFlags:
         "Namespace of that Lease; without it, $POD_NAMESPACE, then the pod's own namespace, "
         f"then {DEFAULT_LEASE_NAMESPACE}.",
         shown=f"(own namespace, else {DEFAULT_LEASE_NAMESPACE})",
+    )
+    verify_for: float = setting(
+        15.0,
+        "After the changes, wait this long, list the pods again and fail (exit 1) if agents "
+        "in fallback wrote any since this run started: they would keep writing back what it "
+        "changed (an agent with nothing to write before leaves no mark for the check before "
+        "the changes). Agents in a large fleet write within 2 x fleet size / their "
+        "--fallback-api-budget seconds. 0: no second look.",
+        duration=True,
     )
     kube_timeout: float = shared.kube_timeout_flag()
     kube_qps: float = setting(20.0, "Sustained writes per second (client-side token bucket).")
@@ -105,6 +136,8 @@ class CleanupFlags:
             raise ValueError("--kube-timeout must be positive")
         if not self.label_key or not self.condition_type:
             raise ValueError("--label-key and --condition-type must not be empty")
+        if self.fallback_window < 0 or self.verify_for < 0:
+            raise ValueError("--fallback-window and --verify-for must not be negative")
         if not self.kube_qps > 0:
             raise ValueError(f"--kube-qps must be positive (got {self.kube_qps:g})")
         for name in ("kube_burst", "kube_concurrency", "max_attempts"):
@@ -175,6 +208,96 @@ async def lease_refusal(flags: CleanupFlags, api: KubeApi, retrier: Retrier) -> 
     return EXIT_REFUSED
 
 
+async def agents_refusal(
+    flags: CleanupFlags,
+    api: KubeApi,
+    retrier: Retrier,
+    pods: list[dict[str, Any]],
+    started: datetime.datetime,
+) -> int | None:
+    """The exit code to stop with (logged), or None to go on: refused (2) when agents in
+    fallback wrote pods after the aggregator went away, unless --force or --dry-run."""
+    store = KubeLeaseStore(api, where_lease(flags), flags.lease_name)
+    renewed = await last_renewal(store, retrier)
+    after = cleanup_agents.since(renewed, started, flags.fallback_window)
+    writes = cleanup_agents.agent_writes(pods, after)
+    if not writes:
+        return None
+    judged = (
+        f"{renewed} (when the aggregator's Lease {store.describe()} was last renewed or released)"
+        if renewed
+        else f"{fallback_marks.micro_time(after)} (--fallback-window before this run)"
+    )
+    if flags.force:
+        found = cleanup_agents.evidence(writes, judged)
+        log.warning("%s; --force: cleaning up anyway (they may write it back)", found)
+        return None
+    why = cleanup_agents.refusal(writes, judged, store.namespace)
+    if flags.dry_run:
+        log.warning("without --dry-run this would refuse: %s", why)
+        return None
+    log.error("%s", why)
+    return EXIT_REFUSED
+
+
+async def clean(flags: CleanupFlags, api: KubeApi) -> int:
+    """Check, then clean up; the exit code."""
+    started = datetime.datetime.now(datetime.UTC)
+    retrier = Retrier(flags.max_attempts)
+    refusal = await lease_refusal(flags, api, retrier)
+    if refusal is not None:
+        return refusal
+    rules = CleanupRules(flags.mode, flags.label_key, flags.condition_type)
+    settings = CleanupSettings(
+        namespaces=flags.namespace,
+        pod_selector=flags.pod_selector,
+        dry_run=flags.dry_run,
+        qps=flags.kube_qps,
+        burst=flags.kube_burst,
+        concurrency=flags.kube_concurrency,
+    )
+    cleaner = Cleaner(api, rules, settings, out, retrier)
+    try:
+        pods = await cleaner.pods()
+    except APIError as error:
+        log.error("cannot list the Ray pods: %s", error)
+        return EXIT_FAILED
+    refusal = await agents_refusal(flags, api, retrier, pods, started)
+    if refusal is not None:
+        return refusal
+    tally = await cleaner.apply(pods)
+    out(tally.summary(flags.dry_run))
+    if tally.failed:
+        return EXIT_FAILED
+    return await written_back(flags, cleaner, started)
+
+
+async def written_back(flags: CleanupFlags, cleaner: Cleaner, started: datetime.datetime) -> int:
+    """After the changes, for --verify-for: 0, or 1 (logged) when agents in fallback wrote
+    pods since this run started (they write back what it changed), or the pods cannot be
+    listed again."""
+    if flags.dry_run or not flags.verify_for:
+        return 0
+    log.info(
+        "watching for %gs that no agent in fallback writes back what this changed",
+        flags.verify_for,
+    )
+    await asyncio.sleep(flags.verify_for)
+    try:
+        pods = await cleaner.pods()
+    except APIError as error:
+        log.error("cannot list the Ray pods again, to check nothing wrote them back: %s", error)
+        return EXIT_FAILED
+    writes = cleanup_agents.agent_writes(pods, started)
+    if not writes:
+        return 0
+    for write in writes:
+        out(f"{write.key}: written back by an agent in fallback")
+    after = f"{fallback_marks.micro_time(started)} (when this run started)"
+    log.error("%s", cleanup_agents.written_back(writes, after, where_lease(flags)))
+    return EXIT_FAILED
+
+
 async def run(flags: CleanupFlags) -> int:
     configuration = load_configuration(flags.kubeconfig)
     configuration.retries = 0  # the Retrier retries, counting and logging every attempt
@@ -185,26 +308,7 @@ async def run(flags: CleanupFlags) -> int:
         user_agent="ray-serve-health/cleanup",
     )
     try:
-        retrier = Retrier(flags.max_attempts)
-        refusal = await lease_refusal(flags, api, retrier)
-        if refusal is not None:
-            return refusal
-        rules = CleanupRules(flags.mode, flags.label_key, flags.condition_type)
-        settings = CleanupSettings(
-            namespaces=flags.namespace,
-            pod_selector=flags.pod_selector,
-            dry_run=flags.dry_run,
-            qps=flags.kube_qps,
-            burst=flags.kube_burst,
-            concurrency=flags.kube_concurrency,
-        )
-        try:
-            tally = await Cleaner(api, rules, settings, out, retrier).run()
-        except APIError as error:
-            log.error("cannot list the Ray pods: %s", error)
-            return EXIT_FAILED
-        out(tally.summary(flags.dry_run))
-        return EXIT_FAILED if tally.failed else 0
+        return await clean(flags, api)
     finally:
         api.close()
 

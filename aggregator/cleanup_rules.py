@@ -37,7 +37,15 @@ label of another key                   remove it, from every pod
 condition, pod declares the gate       ``True``, reason ``RayServeHealthUninstalled`` (or it
                                        stays NotReady for ever)
 condition, pod without the gate        remove it (strategic merge ``$patch: delete``)
+annotation ``ray-serve-health/``       remove it (``--mode label`` or ``both``): the mark an
+``fallback-write``                     agent in fallback leaves beside its label write
+                                       (:mod:`servehealth_common.fallback_marks`); in condition
+                                       mode it is left (the aggregator's admission policy lets
+                                       its account remove it only where it writes the label)
 =====================================  ==========================================================
+
+A condition an agent in fallback wrote (reason ``NoAggregator``) is handled as the aggregator's:
+``True`` with the uninstalled reason on a gated pod, removed from any other.
 
 A pod that already is so is "already right"; nothing is sent for it.
 """
@@ -49,6 +57,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from servehealth_common import fallback_marks
 from servehealth_common.pod_identity import PodKey
 
 #: KubeRay's serve label (``utils.RayClusterServingServiceLabelKey``).
@@ -75,6 +84,7 @@ class Op(enum.Enum):
     REMOVE_LABEL = "remove label"
     SET_CONDITION = "set condition"
     REMOVE_CONDITION = "remove condition"
+    REMOVE_ANNOTATION = "remove annotation"
 
     @property
     def on_status(self) -> bool:
@@ -103,7 +113,7 @@ class CleanupRules:
 @dataclass(frozen=True, slots=True)
 class Change:
     op: Op
-    #: The label key or the condition type.
+    #: The label key, the condition type or the annotation.
     name: str
     #: Why, in a few words (printed with the change).
     why: str
@@ -220,6 +230,19 @@ def condition_changes(
     return (Change(Op.SET_CONDITION, kind, why, transition=transition),)
 
 
+def mark_changes(rules: CleanupRules) -> tuple[tuple[Change, ...], tuple[str, ...]]:
+    """The removal of an agent's fallback mark from a pod that carries it, or why it is kept
+    (condition mode: the aggregator's admission policy refuses its account the removal)."""
+    name = fallback_marks.ANNOTATION
+    if rules.label:
+        return (Change(Op.REMOVE_ANNOTATION, name, "the mark of an agent's fallback write"),), ()
+    why = (
+        f"annotation {name}: in condition mode the aggregator's admission policy lets it "
+        f"remove the mark only with its label (kubectl annotate pod ... {name}-)"
+    )
+    return (), (why,)
+
+
 def plan_pod(pod: Mapping[str, Any], creator: str, rules: CleanupRules) -> PodPlan:
     metadata = pod.get("metadata") or {}
     labels = metadata.get("labels") or {}
@@ -229,6 +252,9 @@ def plan_pod(pod: Mapping[str, Any], creator: str, rules: CleanupRules) -> PodPl
     if rules.label:
         head = labels.get(NODE_TYPE_LABEL) == "head"
         changes, kept = label_changes(labels, head, creator, rules)
+    if fallback_marks.ANNOTATION in (metadata.get("annotations") or {}):
+        removal, left = mark_changes(rules)
+        changes, kept = changes + removal, kept + left
     if rules.condition:
         gates = {
             g.get("conditionType") for g in (pod.get("spec") or {}).get("readinessGates") or []
@@ -250,13 +276,15 @@ def plan(pods: Iterable[Mapping[str, Any]], rules: CleanupRules) -> list[PodPlan
 
 
 def patch_of(change: Change, now: str) -> dict[str, Any]:
-    """The body of the change's patch: a JSON merge patch of the pod for labels, a strategic
-    merge patch of ``pods/status`` for conditions (``now``: an RFC 3339 time, the condition's
-    lastTransitionTime when its status changes)."""
+    """The body of the change's patch: a JSON merge patch of the pod for labels and the
+    annotation, a strategic merge patch of ``pods/status`` for conditions (``now``: an RFC 3339
+    time, the condition's lastTransitionTime when its status changes)."""
     if change.op is Op.SET_LABEL:
         return {"metadata": {"labels": {change.name: change.value}}}
     if change.op is Op.REMOVE_LABEL:
         return {"metadata": {"labels": {change.name: None}}}
+    if change.op is Op.REMOVE_ANNOTATION:
+        return {"metadata": {"annotations": {change.name: None}}}
     if change.op is Op.REMOVE_CONDITION:
         return {"status": {"conditions": [{"type": change.name, "$patch": "delete"}]}}
     condition = {

@@ -54,3 +54,13 @@ def written_after(mark: datetime.datetime, since: datetime.datetime) -> bool:
     if mark.microsecond == 0:
         return mark >= since.replace(microsecond=0)
     return mark > since
+
+
+def parse_time(text: str) -> datetime.datetime | None:
+    """An RFC 3339 time of a mark (``Z`` or an offset, with or without a fraction of a second),
+    None if it is not one."""
+    try:
+        when = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return when if when.tzinfo is not None else when.replace(tzinfo=datetime.UTC)

@@ -30,6 +30,7 @@ PROCESS_TESTS: tuple[str, ...] = (
     "tests/kube/test_lease_release_processes.py",
     "tests/kube/test_mass_hang_processes.py",
     "tests/kube/test_shadow_mode_processes.py",
+    "tests/kube/test_uninstall_processes.py",
     "tests/kube/test_auth.py::test_tokenreview_without_a_kubernetes_configuration_does_not_start",
     "tests/kube/test_backend.py::test_kubernetes_backend_without_a_config_exits_with_a_clear_error",
     "tests/kube/test_pull_fallback.py::test_killed_agent_keeps_label_then_dead_proxy_loses_it",

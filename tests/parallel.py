@@ -38,6 +38,7 @@ GROUPS: dict[str, str] = {
 #: measured with ``--durations``), so that the others fill in around them.
 LONGEST_FIRST: tuple[str, ...] = (
     *GROUPS,
+    "tests/kube/test_uninstall_processes.py",
     "tests/kube/test_cleanup.py",
     "tests/kube/test_agent_fallback_processes.py",
     "tests/deploy/test_schemas.py",

@@ -154,6 +154,17 @@ async def live_holder(
     return ""
 
 
+async def last_renewal(store: LeaseStore, retrier: Retrier) -> str:
+    """The ``renewTime`` of the aggregator's Lease: when an aggregator last renewed it, or
+    released it ("": no Lease, none written, or it cannot be read: the error is logged)."""
+    try:
+        lease = await retrier.call(store.get)
+    except APIError as error:
+        log.warning("cannot read %s: %s", store.describe(), error)
+        return ""
+    return lease.record.renew_time if lease is not None else ""
+
+
 def utc_now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -196,7 +207,11 @@ class Cleaner:
 
     async def run(self) -> Tally:
         """Clean every pod up; APIError if the pods cannot be listed."""
-        plans = plan(await self.pods(), self.rules)
+        return await self.apply(await self.pods())
+
+    async def apply(self, pods: list[dict[str, Any]]) -> Tally:
+        """Clean these pods up (as :meth:`pods` listed them)."""
+        plans = plan(pods, self.rules)
         tally = Tally()
         for outcome in await asyncio.gather(*(self._apply(p) for p in plans)):
             tally.add(outcome)

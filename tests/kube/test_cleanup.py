@@ -9,7 +9,10 @@ to ``true``, the RayService head left to KubeRay, the plain RayCluster's label r
 our own (removed everywhere), condition mode (gated pods True with reason
 ``RayServeHealthUninstalled``, the condition removed from ungated pods with ``$patch: delete``),
 ``--dry-run`` (not one write request), the refusal while the aggregator's Lease is held and
-renewed by a real elector (exit 2) and ``--force``, a stale or released Lease, 500s retried,
+renewed by a real elector (exit 2) and ``--force``, a stale or released Lease, the refusal
+while agents in fallback wrote pods after the aggregator went away (their marks newer than the
+Lease's release: exit 2, nothing written, the pods named; ``--dry-run`` and ``--force`` go on)
+and the removal of those marks, 500s retried,
 a pod deleted meanwhile (404: counted as gone, exit 0), a refused write or one failing beyond
 ``--max-attempts`` (exit 1, the other pods done), an API that does not answer (exit 1, no
 refusal).
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import os
 import socket
 import sys
@@ -31,7 +35,9 @@ import pytest
 
 from aggregator.cleanup_rules import EXTRA_TAGS_ENV, RAY_SERVICE_ENV, UNINSTALLED_REASON
 from aggregator.kube.lease import KubeLeaseStore, lease_api
-from aggregator.leader import ElectionSettings, LeaderElector
+from aggregator.leader import ElectionSettings, LeaderElector, micro_time
+from servehealth_common import fallback_marks as marks
+from tests.conftest import eventually
 from tests.kube.emulator import LEASES, PODS, KubeEmulator, make_pod
 
 COMMAND = str(Path(sys.executable).parent / "serve-health-cleanup")
@@ -72,6 +78,7 @@ def cleanup(kubeconfig_path: Path, tmp_path: Path) -> Any:
             COMMAND,
             f"--kubeconfig={kubeconfig_path}",
             f"--lease-namespace={LEASE_NS}",
+            "--verify-for=0",  # no second look, unless a test asks for one
             *flags,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
@@ -338,6 +345,179 @@ async def test_a_released_or_stale_lease_does_not_hold_it_back(
     assert serve_labels(kube_emulator)["svc-worker-0"] == "true"
     if holder:  # watched for its duration, nobody renewed it
         assert "was not renewed for its 1s: expired" in result.stderr
+
+
+# -- agents in fallback (issue 28, point 4) --------------------------------------------------
+
+NOW = datetime.datetime.now(datetime.UTC)
+
+
+def ago(seconds: float) -> datetime.datetime:
+    return NOW - datetime.timedelta(seconds=seconds)
+
+
+def released_lease(kube: KubeEmulator, when: datetime.datetime) -> None:
+    """The aggregator's Lease as a stopped aggregator leaves it: released at ``when``."""
+    spec = {"holderIdentity": "", "leaseDurationSeconds": 1, "renewTime": micro_time(when)}
+    kube.put_object(LEASES, {"metadata": {"namespace": LEASE_NS, "name": LEASE}, "spec": spec})
+
+
+def agent_condition(kube: KubeEmulator, name: str, status: str, when: datetime.datetime) -> None:
+    """The condition of pod ``name`` as a DaemonSet agent in fallback writes it, at ``when``."""
+    pod = kube.pod(NS, name)
+    assert pod is not None
+    others = [c for c in pod["status"]["conditions"] if c["type"] != GATE]
+    pod["status"]["conditions"] = [
+        *others,
+        {
+            "type": GATE,
+            "status": status,
+            "reason": marks.CONDITION_REASON,
+            "message": (
+                "no aggregator: written by the agent node node-1 (DaemonSet) (NOT_READY: 503)"
+            ),
+            "lastTransitionTime": when.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        },
+    ]
+    kube.put_object(PODS, pod)
+
+
+def agents_wrote(kube: KubeEmulator, when: datetime.datetime) -> None:
+    """What agents in fallback leave, written at ``when``: a gated pod set False (reason
+    NoAggregator), a RayService worker's label with the annotation beside it."""
+    add(kube, "gated-w", gated=True)
+    agent_condition(kube, "gated-w", "False", when)
+    add(kube, "marked-w", serve="true", env={RAY_SERVICE_ENV: "0"})
+    mark = marks.annotation_value(marks.micro_time(when), "ray/marked-w (sidecar)")
+    pod = kube.pod(NS, "marked-w")
+    assert pod is not None
+    pod["metadata"]["annotations"] = {marks.ANNOTATION: mark}
+    kube.put_object(PODS, pod)
+
+
+async def test_refuses_while_agents_wrote_after_the_aggregator_went_away(
+    kube_emulator: KubeEmulator, cleanup: Any
+) -> None:
+    kube = kube_emulator
+    released_lease(kube, ago(30))
+    agents_wrote(kube, ago(10))
+    before = kube.list_objects(PODS)
+
+    refused = await cleanup("--mode=both")
+    assert refused.code == 2, refused.stderr
+    assert writes(kube, resource=None) == []
+    assert kube.list_objects(PODS) == before
+    assert "refusing to clean up: agents in fallback" in refused.stderr
+    assert "wrote 2 pods after" in refused.stderr
+    assert (
+        "ray/gated-w (condition ray.io/serve-proxy-healthy=False, reason NoAggregator, by the "
+        "agent node node-1 (DaemonSet), at"
+    ) in refused.stderr
+    assert (
+        "ray/marked-w (annotation ray-serve-health/fallback-write (a label), by the agent "
+        "ray/marked-w (sidecar), at"
+    ) in refused.stderr
+    assert f"kubectl -n {LEASE_NS} delete daemonset/ray-serve-health-agent" in refused.stderr
+    assert "--force=true" in refused.stderr
+    assert "summary:" not in refused.stdout
+
+    dry = await cleanup("--mode=both", "--dry-run=true")
+    assert dry.code == 0, dry.stderr
+    assert "without --dry-run this would refuse: refusing to clean up" in dry.stderr
+    assert writes(kube, resource=None) == []
+
+    forced = await cleanup("--mode=both", "--force=true")
+    assert forced.code == 0, forced.stderr
+    assert "--force: cleaning up anyway" in forced.stderr
+    assert_no_marks_left(kube)
+
+
+def assert_no_marks_left(kube: KubeEmulator) -> None:
+    """No pod carries an agent's annotation, a NoAggregator condition, or our condition
+    False."""
+    for pod in kube.list_objects(PODS):
+        name = pod["metadata"]["name"]
+        assert marks.ANNOTATION not in (pod["metadata"].get("annotations") or {}), name
+        for condition in pod.get("status", {}).get("conditions") or []:
+            assert condition.get("reason") != marks.CONDITION_REASON, (name, condition)
+            assert condition["type"] != GATE or condition["status"] == "True", (name, condition)
+
+
+@pytest.mark.parametrize(
+    ("lease", "flags"),
+    [
+        pytest.param(True, (), id="marks before the release: an earlier outage"),
+        pytest.param(False, ("--fallback-window=5s",), id="no Lease: marks older than the window"),
+    ],
+)
+async def test_old_marks_hold_nothing_back_and_are_removed(
+    kube_emulator: KubeEmulator, cleanup: Any, lease: bool, flags: tuple[str, ...]
+) -> None:
+    kube = kube_emulator
+    agents_wrote(kube, ago(60))
+    if lease:
+        released_lease(kube, ago(30))
+    result = await cleanup("--mode=both", *flags)
+    assert result.code == 0, result.stderr
+    assert "refusing" not in result.stderr
+    assert_no_marks_left(kube)
+    assert kube.pod_conditions(NS, "gated-w")[GATE]["reason"] == UNINSTALLED_REASON
+    assert "ray/marked-w: remove annotation ray-serve-health/fallback-write" in result.stdout
+    assert sorted(writes(kube)) == ["PATCH gated-w/status", "PATCH marked-w"]
+    again = await cleanup("--mode=both", *flags)
+    assert again.summary.startswith("summary: 2 pods: 0 changed, 2 already right, 0 failed")
+
+
+async def test_without_a_lease_recent_marks_refuse(
+    kube_emulator: KubeEmulator, cleanup: Any
+) -> None:
+    agents_wrote(kube_emulator, ago(5))
+    refused = await cleanup("--mode=both", "--fallback-window=10m")
+    assert refused.code == 2, refused.stderr
+    assert "(--fallback-window before this run)" in refused.stderr
+    assert writes(kube_emulator, resource=None) == []
+
+
+async def test_an_agent_writing_back_fails_the_run_and_the_next_one_refuses(
+    kube_emulator: KubeEmulator, cleanup: Any
+) -> None:
+    """An agent in fallback that had nothing to write before the cleanup (no mark to find)
+    writes back what it changed: the second look (--verify-for) finds it."""
+    kube = kube_emulator
+    released_lease(kube, ago(30))
+    add(kube, "gated-w", gated=True, condition=("False", "ServeProxyNotServing"))
+    add(kube, "other-w", gated=True, condition=("True", "ServeProxyServing"))
+
+    async def agent() -> None:
+        await eventually(lambda: kube.pod_conditions(NS, "gated-w")[GATE]["status"] == "True")
+        agent_condition(kube, "gated-w", "False", datetime.datetime.now(datetime.UTC))
+
+    writing_back = asyncio.create_task(agent())
+    result = await cleanup("--mode=condition", "--verify-for=3s")
+    await writing_back
+    assert result.code == 1, result.stderr
+    assert result.summary == "ray/gated-w: written back by an agent in fallback"
+    assert "summary: 2 pods: 2 changed, 0 already right, 0 failed" in result.stdout
+    assert "not cleaned up for good: agents in fallback" in result.stderr
+    assert "wrote 1 pod after" in result.stderr
+    assert "delete daemonset/ray-serve-health-agent" in result.stderr
+    assert kube.pod_conditions(NS, "other-w")[GATE]["reason"] == UNINSTALLED_REASON
+
+    again = await cleanup("--mode=condition")
+    assert again.code == 2, again.stderr
+    assert "refusing to clean up: agents in fallback" in again.stderr
+    assert "ray/gated-w (condition ray.io/serve-proxy-healthy=False" in again.stderr
+
+
+async def test_the_second_look_passes_when_nothing_writes_back(
+    kube_emulator: KubeEmulator, cleanup: Any
+) -> None:
+    add(kube_emulator, "gated-w", gated=True, condition=("False", "ServeProxyNotServing"))
+    result = await cleanup("--mode=condition", "--verify-for=1s")
+    assert result.code == 0, result.stderr
+    assert "watching for 1s that no agent in fallback writes back" in result.stderr
+    dry = await cleanup("--mode=condition", "--verify-for=1h", "--dry-run=true")
+    assert dry.code == 0  # a dry run changes nothing: no second look (or it would take 1 h)
 
 
 # -- API trouble ----------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from aggregator.cleanup_rules import (
     patch_of,
     plan,
 )
+from servehealth_common import fallback_marks as marks
 from servehealth_common.pod_identity import PodKey
 
 GATE = "ray.io/serve-proxy-healthy"
@@ -37,6 +38,7 @@ def pod(
     env: dict[str, str] | None = None,
     gated: bool = False,
     condition: tuple[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """A KubeRay-like pod: ``env`` on its Ray container, ``condition`` (status, reason) of
     type GATE."""
@@ -49,7 +51,12 @@ def pod(
     if condition:
         conditions.append({"type": GATE, "status": condition[0], "reason": condition[1]})
     return {
-        "metadata": {"namespace": "ns", "name": name, "labels": all_labels | (labels or {})},
+        "metadata": {
+            "namespace": "ns",
+            "name": name,
+            "labels": all_labels | (labels or {}),
+            "annotations": annotations or {},
+        },
         "spec": spec,
         "status": {"conditions": conditions},
     }
@@ -58,6 +65,8 @@ def pod(
 SERVICE_HEAD_ENV = {EXTRA_TAGS_ENV: "kuberay_version=v1.5.0;kuberay_crd=RayService"}
 CLUSTER_HEAD_ENV = {EXTRA_TAGS_ENV: "kuberay_version=v1.5.0;kuberay_crd=RayCluster"}
 SERVICE_ENV = {RAY_SERVICE_ENV: "0"}
+#: The mark an agent in fallback leaves beside its label write.
+MARKED = {marks.ANNOTATION: "2026-01-01T00:00:00.123456Z default/w (sidecar)"}
 
 
 def changes_of(pods: list[dict[str, Any]], mode: str, key: str = KUBERAY) -> list[list[str]]:
@@ -146,12 +155,46 @@ def changes_of(pods: list[dict[str, Any]], mode: str, key: str = KUBERAY) -> lis
             "both", KUBERAY, [[f"set label {KUBERAY}=true", f"set condition {GATE}"]],
             id="both: the label and the condition",
         ),
+        pytest.param(
+            [pod("w", env=SERVICE_ENV, labels={KUBERAY: "true"}, annotations=MARKED),
+             pod("x", labels={KUBERAY: "false"}, annotations=MARKED)],
+            "label", KUBERAY,
+            [[f"remove annotation {marks.ANNOTATION}"],
+             [f"remove label {KUBERAY}", f"remove annotation {marks.ANNOTATION}"]],
+            id="an agent's mark is removed, where the label is right or with its change",
+        ),
+        pytest.param(
+            [pod("w", gated=True, condition=("True", "x"), annotations=MARKED)],
+            "both", OWN, [[f"remove annotation {marks.ANNOTATION}", f"set condition {GATE}"]],
+            id="both: the mark removed beside the label of any key",
+        ),
+        pytest.param(
+            [pod("w", gated=True, condition=("False", marks.CONDITION_REASON)),
+             pod("v", gated=True, condition=("True", marks.CONDITION_REASON)),
+             pod("u", condition=("False", marks.CONDITION_REASON))],
+            "condition", KUBERAY,
+            [[f"set condition {GATE}"], [f"set condition {GATE}"], [f"remove condition {GATE}"]],
+            id="an agent's NoAggregator condition: True and uninstalled when gated, else removed",
+        ),
     ],
 )  # fmt: skip
 def test_changes(
     pods: list[dict[str, Any]], mode: str, key: str, expected: list[list[str]]
 ) -> None:
     assert changes_of(pods, mode, key) == expected
+
+
+def test_in_condition_mode_the_mark_is_left_and_says_why() -> None:
+    """The aggregator's admission policy lets its account remove the mark only in label or
+    both mode (with the label it writes there): the cleanup, which runs as that account, says
+    how to remove it by hand instead of failing on a 403."""
+    [marked] = plan(
+        [pod("w", gated=True, annotations=MARKED)], CleanupRules("condition", KUBERAY, GATE)
+    )
+    assert [c.op for c in marked.changes] == [Op.SET_CONDITION]
+    [kept] = marked.kept
+    assert kept.startswith(f"annotation {marks.ANNOTATION}: in condition mode")
+    assert f"{marks.ANNOTATION}-" in kept
 
 
 def test_a_rayservice_head_says_why_it_is_left_alone() -> None:
@@ -188,6 +231,11 @@ def test_creator_of_a_pod_alone(env: dict[str, str], creator: str) -> None:
             Change(Op.REMOVE_LABEL, OWN, ""),
             {"metadata": {"labels": {OWN: None}}},
             id="remove label: merge patch null",
+        ),
+        pytest.param(
+            Change(Op.REMOVE_ANNOTATION, marks.ANNOTATION, ""),
+            {"metadata": {"annotations": {marks.ANNOTATION: None}}},
+            id="remove annotation: merge patch null",
         ),
         pytest.param(
             Change(Op.REMOVE_CONDITION, GATE, ""),
