@@ -320,13 +320,12 @@ class FallbackWriter:
         return await self.client.patch_pod_status(write.key, body)
 
     async def _event(self, write: Write, now: datetime.datetime) -> None:
-        """The write's Event (best effort: one try, only if the slot of the write has room
-        left: it never waits for a slot of its own; failures logged when they start or
-        change)."""
+        """The write's Event (best effort: one try, in the write's slot if it has room left,
+        else in the next, and only if the fallback that wrote it still lasts; failures logged
+        when they start or change)."""
         budget = self._core.budget
         if budget is not None and not budget.try_reserve():
-            self._metrics.fallback_write("event", "skipped")  # no room in the slot: not sent
-            return
+            await self.permit()  # no room left in the write's slot: the next one
         if not self._core.in_this_fallback(write):
             return  # an aggregator is back meanwhile: nothing more is sent
         try:

@@ -25,8 +25,7 @@ set and the pod count are rendered at scrape time, from the dict.
 - ``serve_health_agent_fallback_writes_total{kind,result}``: fallback writes (``kind`` label,
   condition or event) by ``result``: success, error (each failed attempt), not_found (the pod is
   gone), dropped (an aggregator came back before it was sent), conflict (the pod changed since
-  the version the write was decided on: decided again), skipped (an Event with no room left in
-  its write's slot of the API budget: not sent).
+  the version the write was decided on: decided again).
 - ``serve_health_agent_fallback_lease_renewed``: 1 while the aggregators' Lease is seen renewed
   by an agent without a stream (the gate holds its fallback back), else 0.
 - ``serve_health_agent_fallback_api_slot_seconds``: seconds between two slots of the agent's

@@ -174,16 +174,17 @@ async def test_an_override_added_during_the_outage_is_honoured(
     proxy.set(FAILING)
     await more_probes(proxy, 3)  # the agent would have written False within a probe or two
     # Its write, decided on the version it read, is refused (409): the pod has changed since.
-    # It reads the pod again, sees the override, and writes nothing more.
+    # It reads the pod again, sees the override, and writes nothing more (the attempt waits
+    # for its slot of the fleet's API budget: it may come a few seconds later).
     assert condition(kube, "worker") == "True", agent.tail()
-    attempts = len(condition_patches(kube, "worker"))
-    assert attempts <= 1
-    await more_probes(proxy, 2)
-    assert len(condition_patches(kube, "worker")) == attempts
+    await more_probes(proxy, 6)
+    assert condition(kube, "worker") == "True", agent.tail()
+    refused = condition_patches(kube, "worker")
+    assert refused in ([], ["False"])
 
     annotate(kube, "worker", None)  # the override taken off: its health decides again
-    await eventually(lambda: condition(kube, "worker") == "False", 10)
-    assert condition_patches(kube, "worker") == ["False"] * (attempts + 1)
+    await eventually(lambda: condition(kube, "worker") == "False", 20)
+    assert condition_patches(kube, "worker") == [*refused, "False"]
 
 
 async def test_an_override_value_the_aggregator_ignores_is_ignored(
