@@ -72,7 +72,7 @@ def test_a_fleet_failing_at_once_stays_within_the_budget(share: float) -> None:
         assert sum(whole[begin : begin + 60]) / 60 <= 50
 
 
-def test_an_event_goes_in_its_writes_slot_or_not_at_all() -> None:
+def test_try_reserve_takes_room_in_the_current_slot_only() -> None:
     clock = Clock()
     budget = ApiBudget(fleet_budget=40, fleet_size=100, clock=clock, rng=random.Random(3))
     clock.now = budget.reserve()  # the write, at its slot
