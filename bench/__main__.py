@@ -1,7 +1,7 @@
 """Run every benchmark, one after another, and print where each figure stands against its
 target. Each scenario is its own module (and can be run alone, with its own options):
 
-    python -m bench                 # everything, with the issues' sizes (about 40 minutes)
+    python -m bench                 # everything, with the issues' sizes (about 55 minutes)
     python -m bench --quick         # small sizes, a couple of minutes: a smoke run, not figures
     python -m bench --only ingest,detection
 
@@ -13,7 +13,9 @@ aggregator's memory under thousands of half-open connections, and how soon it cl
 failover (two aggregators with leader election: SIGKILL the leader, time until the standby
 serves and the agents are back, spurious writes), panic_trials (self-protection's randomized
 trials on a simulated clock), mass_hang (75 % of 1,000 proxies hang: label writes during it,
-time until PANIC), liveness (SIGKILL, SIGSTOP, black-holed or stalled agents: time until
+time until PANIC), fallback_storm (11,000 simulated agents lose the aggregator at once: API
+requests per second while they fall back, within the fleet's budget), liveness (SIGKILL,
+SIGSTOP, black-holed or stalled agents: time until
 the aggregator's GetPod shows the agent gone and the pod pulled), fallback_first_write (12
 real sidecars: SIGKILL the aggregator as one pod's proxy fails, time until that sidecar's own
 write lands, with and without the Lease gate; the healthy sidecars' API requests), baseline
@@ -62,6 +64,13 @@ SCENARIOS: dict[str, tuple[list[str], list[str]]] = {
     "panic_trials": ([], ["--seeds", "50"]),
     "mass_hang": ([], ["--pods", "100", "--trials", "1"]),
     "liveness": ([], ["--rounds", "2", "--simulated-agents", "1000", "--real-agents", "2"]),
+    "fallback_storm": (
+        [],
+        [
+            *("--sidecars", "200", "--nodes", "20", "--failing", "0.1"),
+            *("--connected", "2", "--renewed-for", "15", "--duration", "30"),
+        ],
+    ),
     "fallback_first_write": ([], ["--pods", "3", "--trials", "1", "--variants", "a"]),
     "baseline": ([], []),  # last: reads detection and pull_sweep results
 }
