@@ -1,7 +1,7 @@
 """Run every benchmark, one after another, and print where each figure stands against its
 target. Each scenario is its own module (and can be run alone, with its own options):
 
-    python -m bench                 # everything, with the issues' sizes (about 55 minutes)
+    python -m bench                 # everything, with the issues' sizes (about 80 minutes)
     python -m bench --quick         # small sizes, a couple of minutes: a smoke run, not figures
     python -m bench --only ingest,detection
 
@@ -16,7 +16,10 @@ trials on a simulated clock), mass_hang (75 % of 1,000 proxies hang: label write
 time until PANIC), fallback_storm (11,000 simulated agents lose the aggregator at once: API
 requests per second while they fall back, within the fleet's budget), liveness (SIGKILL,
 SIGSTOP, black-holed or stalled agents: time until
-the aggregator's GetPod shows the agent gone and the pod pulled), fallback_first_write (12
+the aggregator's GetPod shows the agent gone and the pod pulled), endpoints (issue 27: who
+decides the traffic, read at the serve Service's endpoints on the emulator's kubelet and
+EndpointSlices, with KubeRay's injected readiness probe and with the documented one: lone 503
+and hang, a 75 % hang, a HeadOnly worker, a dead raylet), fallback_first_write (12
 real sidecars: SIGKILL the aggregator as one pod's proxy fails, time until that sidecar's own
 write lands, with and without the Lease gate; the healthy sidecars' API requests), baseline
 (ours next to KubeRay's readiness cadence and the seed's sequential pass, as ratios). Each
@@ -64,6 +67,14 @@ SCENARIOS: dict[str, tuple[list[str], list[str]]] = {
     "panic_trials": ([], ["--seeds", "50"]),
     "mass_hang": ([], ["--pods", "100", "--trials", "1"]),
     "liveness": ([], ["--rounds", "2", "--simulated-agents", "1000", "--real-agents", "2"]),
+    "endpoints": (
+        [],
+        [
+            *("--pods", "4", "--trials", "1", "--raylet-trials", "1", "--mass-trials", "1"),
+            *("--mass-window", "5", "--observe", "2", "--headonly-observe", "1"),
+            *("--kubelet-time-scale", "0.2"),
+        ],
+    ),
     "fallback_storm": (
         [],
         [
