@@ -184,6 +184,8 @@ class Fallback:
             if self.lease is not None and self.lease.renewed():
                 return self._move(FallbackPhase.WAITING)
             return None
+        if not self._lease_judged():
+            return None  # between two watches of the Lease: wait for the next
         due = self.due()
         if due is None or self._clock() < due:
             return None
@@ -309,8 +311,8 @@ class Fallback:
         """The writes due now (each handed out once, until :meth:`finished`): none outside
         FALLBACK."""
         rules = self.rules
-        if self.phase is not FallbackPhase.FALLBACK or rules is None:
-            return []
+        if self.phase is not FallbackPhase.FALLBACK or rules is None or not self._lease_judged():
+            return []  # (between two watches of the Lease: decided once it is observed again)
         writes = []
         for key in sorted(self._dirty):
             for write in self._wanted(key, rules):
@@ -341,6 +343,10 @@ class Fallback:
             state, reason, version = streak.state, streak.reason, facts.resource_version
             yield Write(key, facts.uid, kind, name, wanted, state, reason, self._epoch, version)
 
+    def _lease_judged(self) -> bool:
+        """Whether the Lease (if any) is observed now, or was never readable (no gate)."""
+        return self.lease is None or self.lease.may_judge()
+
     def in_this_fallback(self, write: Write) -> bool:
         """Whether the fallback that decided ``write`` is still under way (its Event is sent
         only then: nothing is sent once an aggregator is back)."""
@@ -352,6 +358,7 @@ class Fallback:
         facts = self._pods.get(write.key)
         return (
             self.phase is FallbackPhase.FALLBACK
+            and self._lease_judged()
             and write.epoch == self._epoch
             and self._in_flight.get((write.key, write.kind)) == write.value
             and facts is not None

@@ -36,6 +36,8 @@ class LeaseListener(Protocol):
 
     def lease_unreadable(self, name: LeaseName) -> None: ...
 
+    def lease_gap(self, name: LeaseName) -> None: ...
+
 
 #: Makes the writer (once, when a request is due or ahead of it); None if it cannot (logged).
 OpenWriter = Callable[[Fallback], Awaitable["WriterLike | None"]]

@@ -145,6 +145,12 @@ class FallbackRunner:
             gate.seen(record)
         self._wake.set()
 
+    def lease_gap(self, name: LeaseName) -> None:
+        """The Lease's watch ended: not observed until the next read (nothing is written)."""
+        gate = self.core.lease
+        if gate is not None and gate.name == name:
+            gate.gap()
+
     def lease_unreadable(self, name: LeaseName) -> None:
         gate = self.core.lease
         if gate is not None and gate.name == name:

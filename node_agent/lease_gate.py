@@ -12,8 +12,11 @@ No Lease named (no ``--fallback-lease``, an aggregator without ``--leader-elect`
 no gate, today's behaviour. A Lease that does not exist, or has no holder (released), is not
 renewed. A Lease the agent cannot read before it has seen it once (403: no RBAC for it; an API
 that does not answer) leaves the gate open, as before this gate: the agent writes through the
-same API, and a missing grant must not stop the fallback. Once seen, a Lease that can no longer
-be read ages out: after ``leaseDurationSeconds`` without a change seen, it is not renewed.
+same API, and a missing grant must not stop the fallback. Once seen, the Lease is judged only
+while it is being observed (a read just made, a watch open): between two watches (the agent
+waits for its slot of the API budget) and after a failed read, nothing the agent decides may
+count on it (:meth:`LeaseGate.may_judge`): a renewal made in that gap is seen when the watch
+resumes, and writes made in it would be a second writer's (issue 26, bench.fallback_storm).
 """
 
 from __future__ import annotations
@@ -79,14 +82,25 @@ class LeaseGate:
         self.judged = Judged.UNREAD
         self._record: LeaseSeen | None = None
         self._changed_at = float("-inf")
+        self._observing = False  # a read just made, or a watch open
 
     def forget(self) -> None:
         """A stream was accepted: the next read starts afresh."""
         self.judged, self._record, self._changed_at = Judged.UNREAD, None, float("-inf")
+        self._observing = False
+
+    def gap(self) -> None:
+        """The watch ended (or a read failed): the Lease is not observed until the next read."""
+        self._observing = False
+
+    def may_judge(self) -> bool:
+        """Whether decisions may count on the gate now: not read yet or unreadable from the
+        start (as before the gate), or seen and observed right now."""
+        return self.judged is not Judged.SEEN or self._observing
 
     def seen(self, record: LeaseSeen) -> bool:
         """The Lease as read; True if it changed (a renewal, or the first read)."""
-        self.judged = Judged.SEEN
+        self.judged, self._observing = Judged.SEEN, True
         if record == self._record:
             return False
         self._record, self._changed_at = record, self._clock()
@@ -95,10 +109,12 @@ class LeaseGate:
     def absent(self) -> None:
         """The Lease does not exist (404, or deleted): no aggregator leads."""
         self.judged, self._record, self._changed_at = Judged.SEEN, None, float("-inf")
+        self._observing = True
 
     def unreadable(self) -> None:
         """A read failed. Before the Lease was ever seen, the gate opens (today's behaviour);
         afterwards, what was seen ages out by itself."""
+        self._observing = False
         if self.judged is Judged.UNREAD:
             self.judged = Judged.OPEN
 

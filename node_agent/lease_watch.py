@@ -1,7 +1,7 @@
 """The agent's read of the aggregator's Lease while it has no stream (issue 26): a ``get`` of
 that one Lease, then a ``watch`` of it from the resourceVersion read (field selector
-``metadata.name``), resumed every ``WATCH_TIMEOUT`` seconds (jittered) from the last version
-seen. An agent needs ``get`` and ``watch`` on that one Lease only (RBAC ``resourceNames``): no
+``metadata.name``), both again when the watch ends (every ``WATCH_TIMEOUT`` seconds,
+jittered). An agent needs ``get`` and ``watch`` on that one Lease only (RBAC ``resourceNames``): no
 ``list``.
 
 Read only by an agent that has something to write (:meth:`~node_agent.fallback.Fallback.
@@ -33,8 +33,9 @@ from servehealth_common.kube.errors import APIError, APIGoneError, APINotFoundEr
 
 log = logging.getLogger(__name__)
 
-#: The watch's server timeout, jittered by 10 %: one request per agent per ~5 minutes.
-WATCH_TIMEOUT = 300
+#: The watch's server timeout, jittered by 10 % (as kube-apiserver's --min-request-timeout):
+#: a read and a watch per agent per ~30 minutes while it needs the Lease.
+WATCH_TIMEOUT = 1800
 RETRY_BASE, RETRY_CAP = 1.0, 60.0
 
 
@@ -45,27 +46,26 @@ async def follow_lease(
     rng: random.Random,
     permit: Callable[[], Awaitable[None]],
 ) -> None:
-    """Until cancelled: what the Lease shows, to ``to``. Each request first awaits ``permit``
-    (the agent's budget); a watch that ends resumes from the last version seen, without a
-    read."""
+    """Until cancelled: what the Lease shows, to ``to``: a read, then a watch from its version,
+    back to back (both within the agent's budget: ``permit``), again when the watch ends.
+    Between two watches (waiting for a slot) the Lease is not observed (``to.lease_gap``):
+    nothing decided then may count on it."""
     backoff, trouble = Backoff(base=RETRY_BASE, cap=RETRY_CAP, rng=rng), ""
-    version: str | None = None
     while True:
+        to.lease_gap(name)
         try:
-            if version is None:
-                await permit()
-                version = await _get(kube, name, to)
+            await permit()  # the read ...
+            await permit()  # ... and its watch, in one go
+            version = await _get(kube, name, to)
             if trouble:
                 log.info("Lease %s is readable again", name)
                 trouble = ""
             backoff.reset()
             seconds = round(jittered(WATCH_TIMEOUT, rng))
-            await permit()
-            version = await _watch(kube, name, version, to, seconds)
+            await _watch(kube, name, version, to, seconds)
         except APIGoneError:
-            version = None  # the watch's version is too old: read it again
+            pass  # the watch's version is too old: read it again
         except APIError as error:
-            version = None
             if str(error) != trouble:
                 trouble = str(error)
                 log.warning("cannot read Lease %s (%s): retrying", name, error)

@@ -29,6 +29,7 @@ class Told:
     def __init__(self) -> None:
         self.seen: list[LeaseSeen | None] = []
         self.unreadable = 0
+        self.gaps = 0
 
     def lease_seen(self, name: LeaseName, record: LeaseSeen | None) -> None:
         assert name == NAME
@@ -36,6 +37,9 @@ class Told:
 
     def lease_unreadable(self, name: LeaseName) -> None:
         self.unreadable += 1
+
+    def lease_gap(self, name: LeaseName) -> None:
+        self.gaps += 1
 
 
 @pytest.fixture
