@@ -18,17 +18,15 @@ import asyncio
 import functools
 import importlib
 import random
-import time
 
 from node_agent import __version__
 from node_agent.fallback import Fallback
-from node_agent.fallback_budget import ApiBudget
 from node_agent.fallback_ports import WriterLike
 from node_agent.fallback_rules import WhosePods
 from node_agent.fallback_runner import FallbackRunner
+from node_agent.fallback_setup import fallback_core
 from node_agent.flags import AgentFlags
 from node_agent.identity import SidecarPod
-from node_agent.lease_gate import LeaseName
 from node_agent.outbox import Outbox
 from node_agent.probing import PodProbe
 from node_agent.sink import NO_METRICS, MetricsSink
@@ -60,19 +58,7 @@ class Agent:
         self._settings = settings
         self._key = key = PodKey(identity.namespace, identity.name)
         self._who = f"{identity} (sidecar)"
-        core = Fallback(
-            after=settings.fallback_after,
-            own=WhosePods(pod=key, uid=identity.uid),
-            flag_rules=settings.fallback_rules,
-            lease=LeaseName.parse(settings.fallback_lease),
-            clock=time.monotonic,
-            budget=ApiBudget(
-                fleet_budget=settings.fallback_api_budget,
-                fleet_size=settings.fallback_fleet_size,
-                clock=time.monotonic,
-                rng=rng,
-            ),
-        )
+        core = fallback_core(settings, WhosePods(pod=key, uid=identity.uid), rng)
         self.fallback = FallbackRunner(core, self._open_writer, metrics=metrics, own_pod=key)
         grpc_address = settings.grpc_proxy_address
         self.probe = PodProbe(

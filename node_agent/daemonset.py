@@ -20,18 +20,16 @@ import asyncio
 import functools
 import logging
 import random
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from node_agent import __version__
 from node_agent.fallback import Fallback
-from node_agent.fallback_budget import ApiBudget
 from node_agent.fallback_rules import PodFacts, WhosePods
 from node_agent.fallback_runner import FallbackRunner
+from node_agent.fallback_setup import fallback_core
 from node_agent.fallback_writer import FallbackWriter
 from node_agent.flags import AgentFlags
-from node_agent.lease_gate import LeaseName
 from node_agent.outbox import Outbox
 from node_agent.probing import PodProbe
 from node_agent.sink import NO_METRICS, MetricsSink
@@ -163,19 +161,7 @@ class NodeAgent:
         hello = pb.Hello(
             mode=pb.AGENT_MODE_DAEMONSET, node_name=node_name, agent_version=__version__
         )
-        core = Fallback(
-            after=settings.fallback_after,
-            own=WhosePods(node_name=node_name),
-            flag_rules=settings.fallback_rules,
-            lease=LeaseName.parse(settings.fallback_lease),
-            clock=time.monotonic,
-            budget=ApiBudget(
-                fleet_budget=settings.fallback_api_budget,
-                fleet_size=settings.fallback_fleet_size,
-                clock=time.monotonic,
-                rng=self.rng,
-            ),
-        )
+        core = fallback_core(settings, WhosePods(node_name=node_name), self.rng)
         self._client = client
         self.fallback = FallbackRunner(core, self._open_writer, metrics=metrics)
         self.stream = ReportClient(

@@ -33,7 +33,6 @@ refused (:func:`refusal`): a crafted setting must not make an agent rewrite anot
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 
 from node_agent.fallback_budget import ApiBudget
 from node_agent.fallback_phase import ALLOWED, FallbackChange, FallbackPhase
@@ -43,7 +42,7 @@ from node_agent.fallback_rules import (
     VALUES,
     Kind,
     PodFacts,
-    Side,
+    Streak,
     WhosePods,
     Write,
     WriteRules,
@@ -55,16 +54,6 @@ from servehealth_common.pod_identity import PodKey
 from servehealth_common.states import ServeState
 
 Clock = Callable[[], float]
-
-
-@dataclass(slots=True)
-class _Streak:
-    """A pod's latest probe results: the side of the last ones, and how many in a row."""
-
-    side: Side | None = None
-    count: int = 0
-    state: ServeState = ServeState.UNKNOWN
-    reason: str = ""
 
 
 class Fallback:
@@ -94,7 +83,7 @@ class Fallback:
         self._began = 0.0
         self._epoch = 0  # fallbacks begun so far
         self._pods: dict[PodKey, PodFacts] = {}
-        self._streaks: dict[PodKey, _Streak] = {}
+        self._streaks: dict[PodKey, Streak] = {}
         self._dirty: set[PodKey] = set()
         #: Writes handed out and not finished; and those that failed for good, per value.
         self._in_flight: dict[tuple[PodKey, Kind], str] = {}
@@ -294,7 +283,7 @@ class Fallback:
 
     def observe(self, key: PodKey, state: ServeState, reason: str = "") -> None:
         """A probe result of ``key`` (every one counts toward the thresholds)."""
-        streak = self._streaks.setdefault(key, _Streak())
+        streak = self._streaks.setdefault(key, Streak())
         side = SIDES.get(state)
         if side is None:  # UNHEALTHY: says nothing either way, and breaks any run
             streak.side, streak.count = None, 0

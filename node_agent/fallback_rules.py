@@ -96,6 +96,16 @@ VALUES = {
 }
 
 
+@dataclass(slots=True)
+class Streak:
+    """A pod's latest probe results: the side of the last ones, and how many in a row."""
+
+    side: Side | None = None
+    count: int = 0
+    state: ServeState = ServeState.UNKNOWN
+    reason: str = ""
+
+
 @dataclass(frozen=True, slots=True)
 class WriteRules:
     """What the aggregator writes, as an agent in fallback writes it ("" for none)."""
