@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 import grpc
-from google.protobuf.message import DecodeError
 
 from aggregator import wire
 from aggregator.admission import (
@@ -53,6 +52,8 @@ STARTING_MESSAGE = (
 )
 #: Why a stopping (or stepping down) aggregator refuses one.
 SHUTDOWN_MESSAGE = "aggregator is shutting down; reconnect"
+#: How long a refusal before the hello waits for it (:meth:`ReportService._hello_sent`).
+HELLO_GRACE = 2.0
 #: Why a Report stream is refused (UNAVAILABLE) in each phase but LEADING.
 REFUSED_IN = {Phase.STARTING: STARTING_MESSAGE, Phase.STANDBY: STANDBY_MESSAGE}
 STATUS_OF = {
@@ -64,24 +65,11 @@ STATUS_OF = {
     Refusal.TOO_MANY_PODS: grpc.StatusCode.RESOURCE_EXHAUSTED,
     Refusal.TOO_FAST: grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
-UNDECODABLE_TEXT = "a message on this Report stream could not be decoded as an AgentMessage"
-# What the deserializer hands over for bytes that are not an AgentMessage: one shared empty
-# message, so it reads as "no kind", and only the error branch that follows asks whether it was
-# this one (no cost to a good report).
-UNDECODABLE = pb.AgentMessage()
-
-
-def decode_agent_message(data: bytes) -> pb.AgentMessage:
-    """``AgentMessage.FromString`` that never raises (gRPC would answer INTERNAL)."""
-    try:
-        return pb.AgentMessage.FromString(data)
-    except DecodeError:
-        return UNDECODABLE
 
 
 def unexpected(message: pb.AgentMessage, what: str) -> Outcome:
     """The refusal of a message of the wrong kind (or of bytes that were no message)."""
-    return refused(Refusal.INVALID, UNDECODABLE_TEXT if message is UNDECODABLE else what)
+    return refused(Refusal.INVALID, wire.UNDECODABLE_TEXT if message is wire.UNDECODABLE else what)
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,7 +139,7 @@ class ReportService:
         handlers = {
             REPORT_METHOD: grpc.stream_stream_rpc_method_handler(
                 self.Report,
-                request_deserializer=decode_agent_message,
+                request_deserializer=wire.decode_agent_message,
                 response_serializer=pb.AggregatorMessage.SerializeToString,
             )
         }
@@ -186,6 +174,7 @@ class ReportService:
         phase = self._phase()
         if phase is not Phase.LEADING:
             log.debug("refusing a report stream from %s: %s", context.peer(), phase.value)
+            await self._hello_sent(context)
             await context.abort(
                 grpc.StatusCode.UNAVAILABLE, REFUSED_IN.get(phase, SHUTDOWN_MESSAGE)
             )
@@ -219,6 +208,7 @@ class ReportService:
         host = peer_host(context.peer())
         outcome = self._peers.open(host)
         if not outcome.admitted:
+            await self._hello_sent(context)
             await self._refuse(context, outcome)
         try:
             # The only deadline of a stream: its token's expiry (set after the hello).
@@ -231,12 +221,22 @@ class ReportService:
         finally:
             self._peers.close(host)
 
-    async def _read_hello(self, context: grpc.aio.ServicerContext) -> pb.Hello | None:
-        """The stream's hello (None: the client closed it first); refuses anything else."""
+    async def _hello_sent(self, context: grpc.aio.ServicerContext) -> None:
+        """Before a refusal: wait (briefly) for the client's first message. A status sent
+        while the client is still writing its hello races in gRPC's client (the write fails
+        and the call ends INTERNAL "Internal error from Core" instead of our status): an agent
+        would log a new condition for what is the same refusal."""
+        with contextlib.suppress(TimeoutError, grpc.RpcError, asyncio.InvalidStateError):
+            async with asyncio.timeout(min(self._settings.hello_timeout, HELLO_GRACE)):
+                await context.read()
+
+    async def _first_message(self, context: grpc.aio.ServicerContext) -> pb.AgentMessage | object:
+        """The stream's first message (``grpc.aio.EOF`` if closed first), within
+        ``--hello-timeout``; a stream that sends none is refused."""
         timeout = self._settings.hello_timeout
         try:
             async with asyncio.timeout(timeout):
-                first = await context.read()
+                return await context.read()
         except TimeoutError:
             await self._refuse(
                 context,
@@ -245,8 +245,14 @@ class ReportService:
                     f"no hello within {timeout:g}s of opening the stream (--hello-timeout)",
                 ),
             )
+
+    async def _judge_hello(
+        self, context: grpc.aio.ServicerContext, first: pb.AgentMessage | object
+    ) -> pb.Hello | None:
+        """The stream's hello (None: the client closed it first); refuses anything else."""
         if first is grpc.aio.EOF:
             return None
+        assert isinstance(first, pb.AgentMessage)
         if first.WhichOneof("kind") != "hello":
             await self._refuse(
                 context, unexpected(first, "the first message on a Report stream must be a hello")
@@ -256,9 +262,11 @@ class ReportService:
     async def _serve_counted_stream(
         self, context: grpc.aio.ServicerContext, token_expiry: asyncio.Timeout
     ) -> None:
-        # The token first (no hello read for a stranger), then the hello, within its deadline.
+        # The hello's arrival first (see _hello_sent), then the token (a stranger's hello is not
+        # looked at), then the hello, within its deadline.
+        first = await self._first_message(context)
         verified = await self._guard.authenticate(context) if self._guard is not None else None
-        hello = await self._read_hello(context)
+        hello = await self._judge_hello(context, first)
         if hello is None:
             return
         try:

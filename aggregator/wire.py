@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 
 from google.protobuf.duration_pb2 import Duration
+from google.protobuf.message import DecodeError
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from aggregator.registry import PodViewFacts
@@ -28,6 +29,21 @@ _REPORTABLE = {int(state): state for state in OBSERVABLE_STATES}
 
 class InvalidMessage(ValueError):
     pass
+
+
+UNDECODABLE_TEXT = "a message on this Report stream could not be decoded as an AgentMessage"
+# What the deserializer hands over for bytes that are not an AgentMessage: one shared empty
+# message, so it reads as "no kind", and only the error branch that follows asks whether it was
+# this one (no cost to a good report).
+UNDECODABLE = pb.AgentMessage()
+
+
+def decode_agent_message(data: bytes) -> pb.AgentMessage:
+    """``AgentMessage.FromString`` that never raises (gRPC would answer INTERNAL)."""
+    try:
+        return pb.AgentMessage.FromString(data)
+    except DecodeError:
+        return UNDECODABLE
 
 
 def _pod_key(ref: pb.PodRef, where: str) -> PodKey:
