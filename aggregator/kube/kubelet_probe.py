@@ -27,6 +27,10 @@ log = logging.getLogger(__name__)
 HEALTHZ = "/-/healthz"
 #: Where the documentation says what this means and what to do.
 DOCS = "docs/install.md#the-kubelets-readiness-probe"
+HEADONLY_DOCS = "docs/install.md#headonly-workers"
+#: The label KubeRay's serve Service selects (``"true"``), which KubeRay puts on workers when it
+#: creates them and never changes.
+KUBERAY_SERVE_LABEL = "ray.io/serve"
 
 
 def checks_serve(pod: Mapping[str, Any], serve_port: int, grpc_port: int) -> bool:
@@ -67,10 +71,35 @@ def ready_condition(pod: Mapping[str, Any]) -> str:
 
 class KubeletWarnings:
     """One WARNING per Ray cluster (not per pod) when the aggregator first tracks a pod of it
-    whose readiness probe checks the Serve proxy."""
+    whose readiness probe checks the Serve proxy, and one when, writing the condition alone, it
+    makes a worker with no proxy by design Ready while KubeRay's serve label still selects it."""
 
     def __init__(self) -> None:
         self._warned: set[tuple[str, str]] = set()
+        self._routed: set[tuple[str, str]] = set()
+
+    def no_proxy_routed(
+        self, namespace: str, cluster: str, pod_name: str, labels: Mapping[str, str]
+    ) -> None:
+        """``pod_name`` gets the condition True with no proxy by design (a HeadOnly worker) and
+        no label of ours: if it carries KubeRay's ``ray.io/serve: "true"``, the serve Service
+        will route to it once it is Ready, and its proxy port refuses that traffic."""
+        key = (namespace, cluster or pod_name)
+        if labels.get(KUBERAY_SERVE_LABEL) != "true" or key in self._routed:
+            return
+        self._routed.add(key)
+        log.warning(
+            "Ray cluster %s/%s: pod %s has no Serve proxy by design (HeadOnly) and gets the "
+            "condition True, so it turns Ready; it still carries %s=true (KubeRay's, set when "
+            "it was created), so KubeRay's serve Service sends it traffic its missing proxy "
+            "refuses. --mode condition writes no label: run --mode both with "
+            "--pod-selector ray.io/node-type=worker (%s)",
+            namespace,
+            cluster or "-",
+            pod_name,
+            KUBERAY_SERVE_LABEL,
+            HEADONLY_DOCS,
+        )
 
     def seen(self, namespace: str, cluster: str, pod_name: str, checks: bool) -> None:
         key = (namespace, cluster or pod_name)

@@ -176,6 +176,8 @@ class KubeRegistry(PodRegistry):
                 message = f"{transition.new.name}: {transition.reason}"[:512]
             condition = self._condition(key, value)
             moves |= self.writer.want(key, WriteKind.CONDITION, condition, message)
+            if condition == NO_PROXY_BY_DESIGN and not self.settings.writes_label:
+                self._kubelet.no_proxy_routed(key.namespace, pod.cluster, key.name, pod.labels)
         if moves and self.events is not None and transition is not None and self._told(transition):
             self.events.record(pod.info, transition)
 

@@ -47,6 +47,7 @@ INSTALLS = [
     "deploy/examples/tls-secret",
     "deploy/examples/monitoring",
     "deploy/examples/label-mode-fallback",
+    "deploy/examples/both-mode",
 ]
 FIXTURE = "tests/deploy/fixtures/sidecars-elsewhere"
 SIDECARS = ["system:serviceaccount:ray:rayservice-sample", "system:serviceaccount:team-b:serve"]

@@ -739,6 +739,7 @@ INSTALLS = [
     "deploy/examples/tls-secret",
     "deploy/examples/monitoring",
     "deploy/examples/label-mode-fallback",
+    "deploy/examples/both-mode",
 ]
 
 

@@ -98,6 +98,7 @@ def test_fallback_is_preset_in_the_installs_that_allow_it() -> None:
     assert preset["deploy/overlays/namespaced"] == "condition"
     assert preset["deploy/examples/production"] == "condition"
     assert preset["deploy/examples/label-mode-fallback"] == "label"
+    assert preset["deploy/examples/both-mode"] == "both"
     assert preset["deploy/overlays/label-mode"] == ""
     assert preset["deploy/overlays/shadow-mode"] == ""
 

@@ -55,6 +55,7 @@ INSTALLS = [
     "deploy/examples/tls-secret",
     "deploy/examples/monitoring",
     "deploy/examples/label-mode-fallback",
+    "deploy/examples/both-mode",
 ]
 
 
@@ -133,6 +134,12 @@ def test_fallback_is_on_where_the_docs_say() -> None:
         "deploy/overlays/namespaced",
         "deploy/examples/production",
         "deploy/examples/label-mode-fallback",
+        "deploy/examples/both-mode",
+    }
+    assert fallback_writes(render("deploy/examples/both-mode")) == {
+        ("", "pods", "patch"),
+        ("", "pods/status", "patch"),
+        ("", "events", "create"),
     }
     assert fallback_writes(render("deploy/overlays/readiness-gate-mode")) == {
         ("", "pods/status", "patch"),

@@ -66,6 +66,7 @@ REQUIRED = [
     "deploy/examples/production",
     "deploy/examples/tls-secret",
     "deploy/examples/ray-namespace-network-policy",
+    "deploy/examples/both-mode",
 ]
 # The installations with two replicas and leader election (shadow mode has one, and no Lease).
 OVERLAYS = [

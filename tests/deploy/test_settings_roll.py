@@ -42,6 +42,7 @@ INSTALLS = [
     "deploy/examples/tls-secret",
     "deploy/examples/monitoring",
     "deploy/examples/label-mode-fallback",
+    "deploy/examples/both-mode",
 ]
 # What reads the settings: each must name the ConfigMap in its pod template, so that a new name
 # is a new template (a rollout).

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -222,3 +223,42 @@ async def test_condition_mode_makes_it_ready_with_reason_no_proxy_by_design(
     await eventually(lambda: again.registry.writer.pending == 0)  # type: ignore[attr-defined]
     assert len(kube_emulator.requests("PATCH")) == patches
     assert len(kube_emulator.events("default")) == 1
+
+
+@pytest.mark.parametrize("mode", ["condition", "both"])
+async def test_condition_mode_warns_that_kuberays_label_still_routes_to_it(
+    kube_emulator: KubeEmulator,
+    start_kube: StartAggregator,
+    dashboard: FakeDashboard,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    mode: str,
+) -> None:
+    """Issue 27: in --mode condition a HeadOnly worker turns Ready (condition True), and the
+    ``ray.io/serve: "true"`` KubeRay put on it at creation keeps it in the serve Service's
+    selector: one WARNING per Ray cluster says so and what to run instead. --mode both writes
+    the label ``false`` too: no warning."""
+    labels = {**DEFAULT_POD_LABELS, "ray.io/serve": "true"}
+    worker = kube_emulator.add_ray_cluster(dashboard.port, labels=labels, readiness_gates=[GATE])
+    aggregator = await start(start_kube, tmp_path / "token", mode=mode)
+    with caplog.at_level(logging.WARNING, logger="aggregator.kube.kubelet_probe"):
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{aggregator.port}") as channel:
+            call = await open_stream(channel, "raycluster-worker", uid=worker["metadata"]["uid"])
+            for sequence in (1, 2, 3):
+                await call.write(report(NO_PROXY, sequence, "Connection refused"))
+                await call.read()
+            await kube_emulator.wait_until(
+                lambda: kube_emulator.pod_conditions("default", "raycluster-worker").get(GATE)
+            )
+            await eventually(lambda: aggregator.registry.writer.pending == 0)  # type: ignore[attr-defined]
+            call.cancel()
+    await aggregator.stop()
+    warned = [r.getMessage() for r in caplog.records if "no Serve proxy by design" in r.message]
+    if mode == "both":
+        assert warned == []
+        assert kube_emulator.pod_labels("default", "raycluster-worker")["ray.io/serve"] == "false"
+        return
+    assert len(warned) == 1, warned
+    assert "ray.io/serve=true" in warned[0]
+    assert "--mode both" in warned[0]
+    assert "docs/install.md#headonly-workers" in warned[0]
