@@ -3,6 +3,13 @@
 Each function returns a fresh :func:`~servehealth_common.config.setting` for one field of
 :class:`aggregator.flags.AggregatorFlags` (as :mod:`servehealth_common.flags` does for the
 shared ones), and :func:`check` validates them together.
+
+The timings' defaults, lease 8 s, renew deadline 6 s, retry 1 s (each Lease request gets 3 s),
+ride out an API server that answers 1 % of its requests in seconds (p99 1 s) without losing the
+leader; lease 3 s / renew 2 s / retry 500 ms, the defaults before, failed over by themselves
+about twice an hour there, and in cascades when the machine was busy. The price: a standby
+takes over about 9 s after the leader dies (3 s before). docs/benchmarks.md ("Leader election
+on a slow API server") has the figures; docs/operations.md ("High availability") the choice.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ def enabled() -> Any:
 
 def lease_duration() -> Any:
     return setting(
-        3.0,
+        8.0,
         "How long a standby waits, after it last saw the Lease change, before it takes the "
         "Lease over (whole seconds: the Lease stores leaseDurationSeconds).",
         duration=True,
@@ -38,7 +45,7 @@ def lease_duration() -> Any:
 
 def renew_deadline() -> Any:
     return setting(
-        2.0,
+        6.0,
         "The leader gives up (and exits) when it could not renew the Lease for this long; "
         "shorter than --leader-elect-lease-duration.",
         duration=True,
@@ -47,7 +54,7 @@ def renew_deadline() -> Any:
 
 def retry_period() -> Any:
     return setting(
-        0.5,
+        1.0,
         "How often the leader renews the Lease and a standby looks at it (jittered); each "
         "Lease request has a deadline of half --leader-elect-renew-deadline.",
         duration=True,

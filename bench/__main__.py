@@ -11,7 +11,10 @@ state, under flapping, at the rate limit), agent_footprint (one agent's CPU and 
 shutdown_detection (real Ray Serve: serve.shutdown() -> out of SERVING), flood (the
 aggregator's memory under thousands of half-open connections, and how soon it closes them),
 failover (two aggregators with leader election: SIGKILL the leader, time until the standby
-serves and the agents are back, spurious writes), panic_trials (self-protection's randomized
+serves and the agents are back, spurious writes; ``--api-latency p99-1s --quiet 600`` also
+counts leadership losses on a slow API), leader_churn_sim (the leader election's own code on a
+simulated clock against a slow API: leadership losses per hour for several timings),
+panic_trials (self-protection's randomized
 trials on a simulated clock), mass_hang (75 % of 1,000 proxies hang: label writes during it,
 time until PANIC), fallback_storm (11,000 simulated agents lose the aggregator at once: API
 requests per second while they fall back, within the fleet's budget), liveness (SIGKILL,
@@ -64,6 +67,7 @@ SCENARIOS: dict[str, tuple[list[str], list[str]]] = {
     "shutdown_detection": ([], ["--runs", "1"]),
     "flood": ([], ["--sizes", "1000", "--no-reap"]),
     "failover": ([], ["--kills", "2", "--pods", "10", "--steady", "1"]),
+    "leader_churn_sim": ([], ["--hours", "1"]),
     "panic_trials": ([], ["--seeds", "50"]),
     "mass_hang": ([], ["--pods", "100", "--trials", "1"]),
     "liveness": ([], ["--rounds", "2", "--simulated-agents", "1000", "--real-agents", "2"]),

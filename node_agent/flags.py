@@ -171,9 +171,9 @@ class AgentFlags:
         "stream ended, or since the agent started), the agent writes for its own pods only (a "
         "sidecar its pod, a DaemonSet agent the pods on its node) what the aggregator would: "
         "the same label or condition, thresholds and fail static; it stops as soon as a "
-        "stream is accepted. 10s is longer than an aggregator failover (a standby leads within "
-        "~3.3s, agents reconnect within --reconnect-max, 2s), so a failover never triggers it. "
-        "0: never.",
+        "stream is accepted. With leader election it also waits until no aggregator renews the "
+        "Lease (--fallback-lease), so a failover (a standby leads ~9s after a crash, agents "
+        "reconnect within --reconnect-max, 2s) never triggers it. 0: never.",
         duration=True,
     )
     fallback_write: str = setting(

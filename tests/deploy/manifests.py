@@ -36,6 +36,8 @@ CLUSTER_SCOPED = {
     "PriorityClass",
     "ValidatingAdmissionPolicy",
     "ValidatingAdmissionPolicyBinding",
+    "FlowSchema",
+    "PriorityLevelConfiguration",
 }
 
 

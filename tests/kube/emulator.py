@@ -1867,9 +1867,18 @@ class KubeEmulator(kmock.KubernetesEmulator):
         self._faults.append(reaction)
         return reaction
 
-    def slow(self, seconds: float = 2.0, where: Any = None) -> kmock.Reaction:
+    def slow(self, seconds: float | Callable[[], float] = 2.0, where: Any = None) -> kmock.Reaction:
         """Delay every request (or those of the kmock view ``where``) by ``seconds``, then answer
         it as usual (faults included). Ends when the emulator closes or on ``clear_faults``.
+
+        ``seconds`` may be a function: called once per request, it draws that request's delay,
+        so the API answers with a latency distribution (``bench/failover.py --api-latency``:
+        most requests in tens of milliseconds, 1 % in seconds). Requests are delayed
+        concurrently, each by its own draw. A request whose client gives up during its delay
+        (a timeout) is never applied: kmock serves through aiohttp's test server, which cancels
+        a request's handler when its connection closes. So does the API server with a request
+        waiting in a priority-and-fairness queue; a write that reached etcd before its client
+        left, which the API server would still commit, is not modelled.
 
         kmock has no pass-through delay as such: a reaction that only sleeps and returns nothing
         is taken for a mismatch and disabled after one request. Raising ``NotImplementedError``
@@ -1881,9 +1890,11 @@ class KubeEmulator(kmock.KubernetesEmulator):
             (where or kube).override << delay
         """
 
+        draw = seconds if callable(seconds) else lambda: seconds
+
         async def delay(request: kmock.Request) -> None:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._closing.wait(), seconds)
+                await asyncio.wait_for(self._closing.wait(), draw())
             raise NotImplementedError
 
         view = where if where is not None else self

@@ -1070,6 +1070,36 @@ async def test_slow_api_delays_answers_and_trips_client_timeouts(
         )
 
 
+async def test_slow_api_draws_each_requests_delay_and_drops_abandoned_writes(
+    kube_emulator: KubeEmulator, core_v1: CoreV1
+) -> None:
+    """``slow(draw)``: each request waits its own draw, concurrently (a slow one holds no other
+    back); a write whose client gave up during its delay (read timeout) is never applied, as a
+    request waiting in an API Priority and Fairness queue is dropped when its client goes."""
+    kube_emulator.add_pod("ray", "a")
+    draws = iter([0.6, 0.0, 0.0, 0.0])
+    kube_emulator.slow(lambda: next(draws))
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(urllib3.exceptions.ReadTimeoutError):
+        await asyncio.to_thread(
+            core_v1.patch_namespaced_pod,
+            "a",
+            "ray",
+            {"metadata": {"labels": {"late": "yes"}}},
+            _request_timeout=0.1,
+        )
+    fast = [
+        asyncio.to_thread(core_v1.read_namespaced_pod, "a", "ray", _request_timeout=0.4)
+        for _ in range(3)
+    ]
+    await asyncio.gather(*fast)  # drawn 0: not queued behind the slow one
+    assert loop.time() - started < 0.5
+    await asyncio.sleep(1.0)  # well past the slow one's 0.6 s
+    assert "late" not in kube_emulator.pod_labels("ray", "a")
+    assert len(kube_emulator.requests("PATCH", resource=PODS)) == 1  # it did arrive
+
+
 async def test_raw_kmock_dsl_faults_work_as_the_helper_docstrings_say(
     kube_emulator: KubeEmulator, core_v1: CoreV1
 ) -> None:

@@ -28,6 +28,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from aggregator.flags import AggregatorFlags
 from aggregator.kube.lease import NAMESPACE_FILE
 from bench import failover
 from bench.failover import (
@@ -52,8 +53,9 @@ PODS_COUNT = 4
 #: How long a test waits for the replicas: only a hang takes this long. (The issue asks for a
 #: failover within 5 s; bench.failover measures it, on a machine not loaded by other tests.)
 WAIT = 30.0
-#: The replicas' --leader-elect-lease-duration (the default).
-LEASE_DURATION = 3.0
+#: The replicas' --leader-elect-lease-duration and --leader-elect-renew-deadline (the defaults).
+LEASE_DURATION = AggregatorFlags.leader_elect_lease_duration
+RENEW_DEADLINE = AggregatorFlags.leader_elect_renew_deadline
 #: The replicas' time.monotonic and the emulator's loop time (whole ms, a coarse clock).
 CLOCKS = 0.05
 
@@ -281,13 +283,13 @@ async def test_a_leader_that_cannot_renew_exits_1(
 
         await until(serving, 60, "the only replica leads", [replica])
         kube_emulator.fail_next(10_000, status=500, resource=LEASES)
-        # Renew deadline 2 s, then the drain (only a hang takes WAIT).
+        # The renew deadline, then the drain (only a hang takes WAIT).
         assert await asyncio.wait_for(running(replica).wait(), WAIT) == 1
     finally:
         await replica.kill()
     log = replica.log.read_text()
     assert "lost the lease" in log
-    assert "within the renew deadline (2s)" in log
+    assert f"within the renew deadline ({RENEW_DEADLINE:g}s)" in log
 
 
 @pytest.mark.skipif(NAMESPACE_FILE.exists(), reason="runs in a pod: its namespace is known")
