@@ -16,7 +16,9 @@ class Outbox:
     After a pod's state changes to SERVING, its next ``reports_per_change - 1`` results are due
     as well (``reports_per_failure - 1`` after a change away from SERVING): the aggregator moves
     a pod only after that many observations in a row, and an agent that reports on change would
-    otherwise not send the second one until its next resync.
+    otherwise not send the second one until its next resync. Only a pod's latest result is kept:
+    one that arrives while the previous one is still unsent replaces it, and is still that one
+    report (a confirmation is spent only on a result the stream takes after the one before).
 
     ``pod`` is the PodRef a report names (None: the sidecar's own pod, left unset).
     """
@@ -42,6 +44,8 @@ class Outbox:
                 self._owed[key] = reports - 1
             else:
                 self._owed.pop(key, None)
+        elif key in self._dirty:
+            return  # replaces a result not sent yet: still one report, no confirmation spent
         elif (owed := self._owed.get(key, 0)) > 0:
             if owed > 1:
                 self._owed[key] = owed - 1

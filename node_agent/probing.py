@@ -17,6 +17,9 @@ from servehealth_common.states import ServeState
 
 log = logging.getLogger(__name__)
 
+#: Past a grid tick by this much (float rounding of ``phase + k * interval``), a time is after it.
+TICK_EPSILON = 1e-6
+
 #: Called with every result, and whether its state (or reason) differs from the one before.
 OnResult = Callable[[ProbeResult, bool], None]
 #: Called at the end of each probe turn with its result's state and how long the turn took.
@@ -49,7 +52,10 @@ class PodProbe:
     With ``grid_phase`` (a DaemonSet agent, whose pods share one), probes start on a grid of
     ticks ``grid_phase + k * interval`` instead: the next start is the one tick in the interval
     after the last start, so the pods of a node are probed in rounds and their changes travel
-    in one message, and still at least once every interval each.
+    in one message, and still at least once every interval each. A wait for a tick may end a
+    little before it by ``clock`` (uvloop's timers count from a millisecond clock read at the
+    start of a loop iteration): that turn is still the tick's, and the next one waits for the
+    tick after it rather than starting at once for the same tick again.
 
     ``clock`` and ``sleep`` are the time the schedule is kept by and the wait between probes
     (replaced in tests, which drive the loop without real waits).
@@ -82,6 +88,7 @@ class PodProbe:
         self._on_result = on_result
         self._rng = rng
         self._grid_phase = grid_phase
+        self._tick: float | None = None  # the grid tick the loop last waited for
         self._watchdog = watchdog
         self._on_turn = on_turn
         self._clock = clock
@@ -114,7 +121,9 @@ class PodProbe:
     def _next_start(self, started: float) -> float:
         if self._grid_phase is None:
             return started + jittered_below(self._interval, self._rng)
-        return next_tick(started, self._grid_phase, self._interval)
+        after = started if self._tick is None else max(started, self._tick)
+        self._tick = next_tick(after + TICK_EPSILON, self._grid_phase, self._interval)
+        return self._tick
 
     async def _probe_and_publish(self) -> ProbeResult | None:
         """One probe; its result becomes :attr:`latest`, goes to ``on_result`` and is returned

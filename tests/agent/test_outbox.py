@@ -45,6 +45,7 @@ def test_a_new_change_restarts_the_confirmations() -> None:
     outbox.reports_per_change = outbox.reports_per_failure = 2
     outbox.put("a", None, result(S.SERVING), changed=True)
     outbox.put("a", None, result(S.NOT_READY), changed=True)
+    assert due(outbox) == [S.NOT_READY]  # the SERVING never sent: replaced
     outbox.put("a", None, result(S.NOT_READY), changed=False)
     assert due(outbox) == [S.NOT_READY]
     outbox.put("a", None, result(S.NOT_READY), changed=False)
@@ -63,8 +64,27 @@ def test_confirmations_follow_the_direction_of_the_change() -> None:
     outbox.put("a", None, result(S.NOT_READY), changed=False)
     assert due(outbox) == []  # no confirmation of a failure
     outbox.put("a", None, result(S.SERVING), changed=True)
+    assert due(outbox) == [S.SERVING]
     outbox.put("a", None, result(S.SERVING), changed=False)
-    assert due(outbox) == [S.SERVING]  # the change and its confirmation, in one take
+    assert due(outbox) == [S.SERVING]  # its confirmation
+    outbox.put("a", None, result(S.SERVING), changed=False)
+    assert due(outbox) == []
+
+
+def test_a_result_that_replaces_one_not_sent_yet_spends_no_confirmation() -> None:
+    """Two results of a pod before the stream takes them (a DaemonSet agent's stream waits
+    50 ms for the rest of a round) are sent as one report, the latest: the confirmation still
+    follows. It used to be spent on the result replaced, and the aggregator, which needs two
+    SERVING reports in a row, kept the pod out until the next resync (bench.endpoints: 6 of 64
+    healed faults back after 17-29 s instead of ~1 s)."""
+    outbox = Outbox()
+    outbox.reports_per_change, outbox.reports_per_failure = 2, 1
+    outbox.put("a", None, result(S.SERVING), changed=True)
+    outbox.put("a", None, result(S.SERVING), changed=False)  # before the stream took it
+    assert due(outbox) == [S.SERVING]  # one report
+    outbox.put("a", None, result(S.SERVING), changed=False)
+    assert outbox.changed.is_set()
+    assert due(outbox) == [S.SERVING]  # and its confirmation
     outbox.put("a", None, result(S.SERVING), changed=False)
     assert due(outbox) == []
 
