@@ -5,9 +5,9 @@ among 12 sidecars on 2 cores (measured 13.3 s with ``--fallback-after 3s`` befor
 when every sidecar loaded the Kubernetes client as fallback began).
 
 Real processes, small scale. This process runs the Kubernetes API emulator of the tests
-(``tests/kube/emulator.py``, kmock over real HTTP) and ``--pods`` (12) loopback fake Serve
-proxies (``tests/fakes.py::FakeServeProxy``, real HTTP servers). The emulator holds one pod per
-proxy, each with the readiness gate ``ray.io/serve-proxy-healthy``. One real
+(``testsupport/kube/emulator.py``, kmock over real HTTP) and ``--pods`` (12) loopback fake
+Serve proxies (``testsupport/fakes.py::FakeServeProxy``, real HTTP servers). The emulator holds
+one pod per proxy, each with the readiness gate ``ray.io/serve-proxy-healthy``. One real
 ``serve-health-agent`` sidecar process per pod (the product's default probe interval, 750 ms,
 and probe timeout, 500 ms, unless ``--interval`` says otherwise; ``--fallback-after 3s``;
 ``--metrics-listen`` as the example RayService runs it), each with a kubeconfig of its own whose
@@ -85,13 +85,13 @@ import grpc
 import kmock
 
 from aggregator.flags import AggregatorFlags
-from bench import harness
-from node_agent.fallback_budget import DEFAULT_FLEET_BUDGET, PER_SLOT
+from node_agent.fallback.budget import DEFAULT_FLEET_BUDGET, PER_SLOT
 from node_agent.flags import AgentFlags
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
-from tests.fakes import HEALTHY, FakeServeProxy
-from tests.kube.emulator import ApiCall, KubeEmulator
+from testsupport import harness
+from testsupport.fakes import HEALTHY, FakeServeProxy
+from testsupport.kube.emulator import ApiCall, KubeEmulator
 
 DEFAULT_OUTPUT = harness.REPO_ROOT / "bench" / "results" / "fallback_first_write.json"
 NS = "default"
@@ -104,7 +104,7 @@ TARGET_MARGIN = 2.0
 POLL = 0.01
 #: A larger move of the wall clock against the monotonic one during a trial voids its log times.
 CLOCK_STEP = 0.05
-#: Shared objects only the Kubernetes client (node_agent.fallback_writer) brings into a sidecar.
+#: Shared objects only the Kubernetes client (node_agent.fallback.writer) brings into a sidecar.
 CLIENT_MARKERS = ("/yaml/_yaml.", "/charset_normalizer/md.")
 
 CONNECTED = re.compile(r"connected to aggregator ")
@@ -857,13 +857,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             "milliseconds); None in a trial whose wall clock moved against the monotonic one by "
             f"more than {CLOCK_STEP:g}s (clock_step_s: a clock step, or the machine paused); every "
             "other figure is on the monotonic clock",
-            "began_to_write_s (variant a): loading the writer (import node_agent.fallback_writer, "
+            "began_to_write_s (variant a): loading the writer (import node_agent.fallback.writer, "
             "then kubernetes.client.CoreV1Api on the client's creation, both in a thread), the "
             "budget's slot wait (budget_wait_s) and the PATCH",
             "variant b: the agent logs fallback began once the Lease gate opens, just before the "
             "write; lease_read_s is its first GET of the Lease (after --fallback-after and the "
             "writer's loading), and a Lease first seen counts as renewed for a whole duration "
-            "from that read (node_agent/lease_gate.py)",
+            "from that read (node_agent/fallback/lease_gate.py)",
         ],
         "target_s": target,
         "target_variant_a": verdict,

@@ -1,11 +1,12 @@
 """What reaches the API server when every agent loses the aggregator at once (issue 26)?
 
-Everything runs in one process on 127.0.0.1: the Kubernetes API emulator of the tests
-(``tests/kube/emulator.py``, kmock over real HTTP) and thousands of simulated agents, each made
-of the product's own fallback objects: a :class:`~node_agent.fallback.Fallback` decider (its
-:class:`~node_agent.fallback_budget.ApiBudget`, its Lease gate), a
-:class:`~node_agent.fallback_runner.FallbackRunner` and, once it has something to send, a
-:class:`~node_agent.fallback_writer.FallbackWriter`, all writers sharing one
+Everything runs in one process on 127.0.0.1: the Kubernetes API emulator
+(``testsupport/kube/emulator.py``, kmock over real HTTP) and thousands of simulated agents,
+each made of the product's own fallback objects: a
+:class:`~node_agent.fallback.decider.Fallback` decider (its
+:class:`~node_agent.fallback.budget.ApiBudget`, its Lease gate), a
+:class:`~node_agent.fallback.runner.FallbackRunner` and, once it has something to send, a
+:class:`~node_agent.fallback.writer.FallbackWriter`, all writers sharing one
 :class:`~servehealth_common.kube.client.KubeClient`. Only the probes and the Report stream are
 simulated: the bench tells each runner what a connected agent hears (the aggregator's write
 settings, the fleet size it announces, a sidecar's PodView, ``accepted()``), then ``ended()``,
@@ -84,20 +85,21 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 
 import kmock
 
-from bench import harness, procstat
-from node_agent.fallback import Fallback
-from node_agent.fallback_budget import DEFAULT_FLEET_SIZE, PER_SLOT, WINDOW, ApiBudget
-from node_agent.fallback_rules import PodFacts, WhosePods
-from node_agent.fallback_runner import FallbackRunner
-from node_agent.fallback_writer import FallbackWriter
-from node_agent.lease_gate import LeaseName
+from bench import procstat
+from node_agent.fallback.budget import DEFAULT_FLEET_SIZE, PER_SLOT, WINDOW, ApiBudget
+from node_agent.fallback.decider import Fallback
+from node_agent.fallback.lease_gate import LeaseName
+from node_agent.fallback.rules import PodFacts, WhosePods
+from node_agent.fallback.runner import FallbackRunner
+from node_agent.fallback.writer import FallbackWriter
 from node_agent.sink import NoMetrics
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth_common.kube.client import KubeClient
 from servehealth_common.pod_identity import PodKey
 from servehealth_common.probe import ProbeResult
 from servehealth_common.states import ServeState
-from tests.kube.emulator import LEASES, PODS, ApiCall, KubeEmulator, peak_count
+from testsupport import harness
+from testsupport.kube.emulator import LEASES, PODS, ApiCall, KubeEmulator, peak_count
 
 DEFAULT_OUTPUT = harness.REPO_ROOT / "bench" / "results" / "fallback_storm.json"
 NS = "ray"

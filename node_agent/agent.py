@@ -8,7 +8,7 @@ change, otherwise a resync per interval the aggregator asked for, and reconnects
 The DaemonSet agent (:mod:`node_agent.daemonset`) is built from the same two pieces. Both
 tell a :class:`~node_agent.sink.MetricsSink` what they do (``--metrics-listen``), and both
 write for their own pods when no aggregator accepts their stream for ``--fallback-after``
-(:class:`~node_agent.fallback_runner.FallbackRunner`, :attr:`Agent.fallback`): the sidecar
+(:class:`~node_agent.fallback.runner.FallbackRunner`, :attr:`Agent.fallback`): the sidecar
 loads the Kubernetes client only then.
 """
 
@@ -20,11 +20,11 @@ import importlib
 import random
 
 from node_agent import __version__
-from node_agent.fallback import Fallback
-from node_agent.fallback_ports import WriterLike
-from node_agent.fallback_rules import WhosePods
-from node_agent.fallback_runner import FallbackRunner
-from node_agent.fallback_setup import fallback_core
+from node_agent.fallback.decider import Fallback
+from node_agent.fallback.ports import WriterLike
+from node_agent.fallback.rules import WhosePods
+from node_agent.fallback.runner import FallbackRunner
+from node_agent.fallback.setup import fallback_core
 from node_agent.flags import AgentFlags
 from node_agent.identity import SidecarPod
 from node_agent.outbox import Outbox
@@ -110,7 +110,7 @@ class Agent:
     async def _open_writer(self, core: Fallback) -> WriterLike | None:
         """The fallback's writer and its Kubernetes client, loaded only now (~30 MiB; the
         import takes a second or more, so in a thread: the event loop keeps running)."""
-        module = await asyncio.to_thread(importlib.import_module, "node_agent.fallback_writer")
+        module = await asyncio.to_thread(importlib.import_module, "node_agent.fallback.writer")
         opened: WriterLike | None = await module.open_sidecar_writer(
             self._settings, core, who=self._who, metrics=self._metrics
         )

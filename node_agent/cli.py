@@ -124,7 +124,8 @@ def _run_sidecar(settings: AgentFlags) -> int:
 
 
 def _run_daemonset(settings: AgentFlags) -> int:
-    from node_agent.daemonset import NodeAgent, make_kube_client
+    from node_agent.daemonset import NodeAgent
+    from node_agent.kube_client import make_kube_client
     from servehealth_common.kube.client import NoKubeConfig
 
     node_name = node_name_from_environ(os.environ)

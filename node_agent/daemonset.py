@@ -4,7 +4,7 @@ It lists and watches the pods of its node (field selector ``spec.nodeName=<NODE_
 ``--pod-selector`` labels, every namespace or the ``--namespace`` ones): the only Kubernetes
 calls it makes while an aggregator answers (``list`` and ``watch`` on pods). In fallback (no
 aggregator accepted its stream for ``--fallback-after``) it writes for the pods on its node
-what the aggregator would (:mod:`node_agent.fallback_runner`), with what the watch shows them
+what the aggregator would (:mod:`node_agent.fallback.runner`), with what the watch shows them
 to carry. Each pod with an IP gets its own
 :class:`~node_agent.probing.PodProbe` of ``http://<pod IP>:<serve port>/-/healthz`` (all over
 one HTTP session, at most ``--probe-concurrency`` probes in flight); a pod that vanishes, ends
@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from node_agent import __version__
-from node_agent.fallback import Fallback
-from node_agent.fallback_rules import PodFacts, WhosePods
-from node_agent.fallback_runner import FallbackRunner
-from node_agent.fallback_setup import fallback_core
-from node_agent.fallback_writer import FallbackWriter
+from node_agent.fallback.decider import Fallback
+from node_agent.fallback.rules import PodFacts, WhosePods
+from node_agent.fallback.runner import FallbackRunner
+from node_agent.fallback.setup import fallback_core
+from node_agent.fallback.writer import FallbackWriter
 from node_agent.flags import AgentFlags
 from node_agent.outbox import Outbox
 from node_agent.probing import PodProbe
@@ -36,7 +36,7 @@ from node_agent.sink import NO_METRICS, MetricsSink
 from node_agent.stream import ReportClient
 from node_agent.watchdog import Watchdog
 from servehealth.v1 import servehealth_pb2 as pb
-from servehealth_common.kube.client import KubeClient, load_configuration
+from servehealth_common.kube.client import KubeClient
 from servehealth_common.kube.pods import (
     SERVE_GRPC_PORT_NAME,
     grpc_address,
@@ -50,28 +50,11 @@ from servehealth_common.probe import Prober, ProbeResult
 
 log = logging.getLogger(__name__)
 
-USER_AGENT = f"ray-serve-health-agent/{__version__}"
-#: Threads for the pod lists (watches run in threads of their own).
-KUBE_THREADS = 2
 #: After a first change in a round of probes, how long the stream waits for the others of the
 #: round (healthy answers take milliseconds; confirmed failures end together too).
 BATCH_WINDOW = 0.05
 #: Phases after which a pod's containers are gone for good.
 FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
-
-
-def make_kube_client(settings: AgentFlags) -> KubeClient:
-    """The agent's Kubernetes client: ``--kubeconfig``, else ``$KUBECONFIG`` or
-    ``~/.kube/config``, else the in-cluster ServiceAccount (the same search as the aggregator's).
-
-    Raises :class:`~servehealth_common.kube.client.NoKubeConfig` without either.
-    """
-    return KubeClient(
-        load_configuration(settings.kubeconfig),
-        timeout=settings.kube_timeout,
-        concurrency=KUBE_THREADS,
-        user_agent=USER_AGENT,
-    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from typing import ClassVar
 from urllib.parse import urlsplit
 
-from node_agent.fallback_budget import DEFAULT_FLEET_BUDGET, DEFAULT_FLEET_SIZE
-from node_agent.fallback_rules import FALLBACK_WRITES, WriteRules, refusal, rules_from_flags
-from node_agent.lease_gate import LeaseName
+from node_agent.fallback.budget import DEFAULT_FLEET_BUDGET, DEFAULT_FLEET_SIZE
+from node_agent.fallback.lease_gate import LeaseName
+from node_agent.fallback.rules import FALLBACK_WRITES, WriteRules, refusal, rules_from_flags
 from node_agent.token import DEFAULT_TOKEN_FILE
 from servehealth_common import flags as shared
 from servehealth_common.config import check_listen_address, setting

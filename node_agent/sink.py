@@ -2,7 +2,7 @@
 
 The probe loops (:mod:`node_agent.probing`, keyed by the agent: :mod:`node_agent.agent`,
 :mod:`node_agent.daemonset`), the stream (:mod:`node_agent.stream`) and the fallback writes
-(:mod:`node_agent.fallback_runner`, :mod:`node_agent.fallback_writer`) call a
+(:mod:`node_agent.fallback.runner`, :mod:`node_agent.fallback.writer`) call a
 :class:`MetricsSink`; only :mod:`node_agent.metrics`, loaded with ``--metrics-listen``, knows
 Prometheus. Without the flag they call :data:`NO_METRICS`, which does nothing (and the agent
 never loads prometheus_client). Every call is cheap: a few per probe turn, one per stream

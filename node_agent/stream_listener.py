@@ -1,5 +1,5 @@
 """Who hears of a Report stream's ups and downs and of what the aggregator sends besides acks
-(the agent's fallback, :mod:`node_agent.fallback_runner`)."""
+(the agent's fallback, :mod:`node_agent.fallback.runner`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from servehealth.v1 import servehealth_pb2 as pb
 
 class StreamListener(Protocol):
     """Told when a stream is accepted and ends, and what each ``AgentSettings`` says of the
-    aggregator's writes (the agent's fallback, :mod:`node_agent.fallback_runner`)."""
+    aggregator's writes (the agent's fallback, :mod:`node_agent.fallback.runner`)."""
 
     def settings(self, writes: pb.WriteSettings | None) -> None:
         """An ``AgentSettings`` arrived; ``writes`` None: it had none (before 0.3.0)."""

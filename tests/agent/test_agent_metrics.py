@@ -35,20 +35,21 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from node_agent.agent import Agent
-from node_agent.daemonset import NodeAgent, make_kube_client
+from node_agent.daemonset import NodeAgent
 from node_agent.flags import AgentFlags
 from node_agent.identity import REQUIRED, SidecarPod
+from node_agent.kube_client import make_kube_client
 from node_agent.metrics import AgentMetrics, serving
 from node_agent.watchdog import Watchdog
 from servehealth_common.config import load
 from servehealth_common.http import HTTPClient
 from servehealth_common.kube.client import KubeClient
 from servehealth_common.probe import Prober, make_session
-from tests import fakes
 from tests.conftest import FakeClock, StartAggregator, eventually, running
-from tests.fakes import FakeServeProxy, refused_port
-from tests.kube.emulator import KubeEmulator
-from tests.processes import StderrLines
+from testsupport import fakes
+from testsupport.fakes import FakeServeProxy, refused_port
+from testsupport.kube.emulator import KubeEmulator
+from testsupport.processes import StderrLines
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 LOOPBACK = "127.0.0.1"

@@ -35,12 +35,13 @@ from typing import Any
 import grpc
 import pytest
 
+from aggregator.decision.tracker import PodRecord
 from aggregator.flags import AggregatorFlags
 from aggregator.server import Aggregator
-from aggregator.tracker import PodRecord
-from node_agent.daemonset import USER_AGENT, NodeAgent, PodTarget, make_kube_client
+from node_agent.daemonset import NodeAgent, PodTarget
 from node_agent.flags import AgentFlags
 from node_agent.identity import REQUIRED, MissingIdentity, node_name_from_environ
+from node_agent.kube_client import USER_AGENT, make_kube_client
 from node_agent.stream import MAX_BATCH_REPORTS, Outbox, ReportClient
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
@@ -51,9 +52,9 @@ from servehealth_common.pod_identity import PodKey
 from servehealth_common.probe import Prober, ProbeResult, make_session
 from servehealth_common.states import ServeState
 from tests.conftest import StartAggregator, eventually, running
-from tests.fakes import GRPC_DRAINING as DRAINING_GRPC
-from tests.fakes import FakeGrpcServeProxy, FakeServeProxy, refused_port
-from tests.kube.emulator import ApiCall, KubeEmulator, make_pod
+from testsupport.fakes import GRPC_DRAINING as DRAINING_GRPC
+from testsupport.fakes import FakeGrpcServeProxy, FakeServeProxy, refused_port
+from testsupport.kube.emulator import ApiCall, KubeEmulator, make_pod
 
 NODE = "node-1"
 LOOPBACK = "127.0.0.1"

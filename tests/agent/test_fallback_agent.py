@@ -1,4 +1,4 @@
-"""The agent's fallback wired into the agent (``node_agent.fallback_runner``, the stream's
+"""The agent's fallback wired into the agent (``node_agent.fallback.runner``, the stream's
 listener, the flags and the metrics), in process: a real sidecar ``Agent`` against a real
 in-process aggregator (gRPC on 127.0.0.1) and the kmock Kubernetes API emulator.
 
@@ -19,11 +19,11 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from node_agent.agent import Agent
-from node_agent.daemonset import USER_AGENT
-from node_agent.fallback import FallbackPhase
-from node_agent.fallback_rules import WriteRules
+from node_agent.fallback.decider import FallbackPhase
+from node_agent.fallback.rules import WriteRules
 from node_agent.flags import AgentFlags
 from node_agent.identity import SidecarPod
+from node_agent.kube_client import USER_AGENT
 from node_agent.metrics import AgentMetrics
 from node_agent.sink import NoMetrics
 from servehealth_common import fallback_marks as marks
@@ -31,8 +31,8 @@ from servehealth_common.config import load
 from servehealth_common.http import HTTPClient
 from servehealth_common.probe import Prober, make_session
 from tests.conftest import StartAggregator, eventually, running
-from tests.fakes import FakeServeProxy
-from tests.kube.emulator import KubeEmulator
+from testsupport.fakes import FakeServeProxy
+from testsupport.kube.emulator import KubeEmulator
 
 GATE = "ray.io/serve-proxy-healthy"
 

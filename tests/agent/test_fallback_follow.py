@@ -13,14 +13,14 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from node_agent.daemonset import USER_AGENT
-from node_agent.fallback import Fallback
-from node_agent.fallback_rules import PodFacts, WhosePods, WriteRules
-from node_agent.fallback_writer import FallbackWriter
+from node_agent.fallback.decider import Fallback
+from node_agent.fallback.rules import PodFacts, WhosePods, WriteRules
+from node_agent.fallback.writer import FallbackWriter
+from node_agent.kube_client import USER_AGENT
 from servehealth_common.kube.client import KubeClient
 from servehealth_common.pod_identity import PodKey
 from tests.conftest import eventually
-from tests.kube.emulator import KubeEmulator
+from testsupport.kube.emulator import KubeEmulator
 
 GATE = "ray.io/serve-proxy-healthy"
 KEY = PodKey("default", "worker-0")

@@ -11,9 +11,9 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from node_agent.fallback import Fallback, FallbackPhase
-from node_agent.fallback_rules import PodFacts, WhosePods, Write, WriteRules
-from node_agent.fallback_runner import FallbackRunner
+from node_agent.fallback.decider import Fallback, FallbackPhase
+from node_agent.fallback.rules import PodFacts, WhosePods, Write, WriteRules
+from node_agent.fallback.runner import FallbackRunner
 from node_agent.sink import NO_METRICS
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth_common.override import ANNOTATION

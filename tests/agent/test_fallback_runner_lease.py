@@ -12,11 +12,11 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from node_agent.fallback import Fallback, FallbackPhase
-from node_agent.fallback_ports import LeaseListener
-from node_agent.fallback_rules import PodFacts, WhosePods, WriteRules
-from node_agent.fallback_runner import FallbackRunner
-from node_agent.lease_gate import LeaseName, LeaseSeen
+from node_agent.fallback.decider import Fallback, FallbackPhase
+from node_agent.fallback.lease_gate import LeaseName, LeaseSeen
+from node_agent.fallback.ports import LeaseListener
+from node_agent.fallback.rules import PodFacts, WhosePods, WriteRules
+from node_agent.fallback.runner import FallbackRunner
 from node_agent.sink import NO_METRICS
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth_common.pod_identity import PodKey

@@ -1,4 +1,4 @@
-"""The agent's fallback writes on the Kubernetes API (``node_agent.fallback_writer``), in process,
+"""The agent's fallback writes on the Kubernetes API (``node_agent.fallback.writer``), in process,
 against the kmock API emulator (real HTTP, the official client): the bodies (the aggregator's,
 plus the marks of an agent's write: the condition's reason ``NoAggregator`` and a message naming
 the agent, the label's annotation), an Event per write, retries of 5xx and 429, a pod that is
@@ -16,16 +16,16 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from node_agent.daemonset import USER_AGENT
-from node_agent.fallback import Fallback
-from node_agent.fallback_rules import PodFacts, WhosePods, WriteRules
-from node_agent.fallback_writer import FallbackWriter
+from node_agent.fallback.decider import Fallback
+from node_agent.fallback.rules import PodFacts, WhosePods, WriteRules
+from node_agent.fallback.writer import FallbackWriter
+from node_agent.kube_client import USER_AGENT
 from servehealth_common import fallback_marks as marks
 from servehealth_common.kube.client import MERGE_PATCH, STRATEGIC_MERGE_PATCH, KubeClient
 from servehealth_common.pod_identity import PodKey
 from servehealth_common.states import ServeState
 from tests.conftest import eventually
-from tests.kube.emulator import KubeEmulator
+from testsupport.kube.emulator import KubeEmulator
 
 GATE = "ray.io/serve-proxy-healthy"
 LABEL = "ray.io/serve"

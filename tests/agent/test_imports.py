@@ -6,7 +6,7 @@ is imported only then).
 The sidecar does not load the Kubernetes client either (about 30 MiB of RSS) until its fallback
 begins (no aggregator answered it for ``--fallback-after``): its modules, the fallback's
 decider and runner included, import neither ``kubernetes`` nor ``urllib3``; only the fallback's
-writer (``node_agent.fallback_writer``, imported when fallback first begins) and the DaemonSet
+writer (``node_agent.fallback.writer``, imported when fallback first begins) and the DaemonSet
 agent do.
 
 Checked in a fresh interpreter, since this test process has aiohttp loaded for its servers.
@@ -64,8 +64,8 @@ KUBERNETES = ("kubernetes", "urllib3", "yaml")
 
 IMPORT_SIDECAR = """
 import sys
-import node_agent.agent, node_agent.cli, node_agent.stream, node_agent.fallback
-import node_agent.fallback_rules, node_agent.fallback_runner
+import node_agent.agent, node_agent.cli, node_agent.stream, node_agent.fallback.decider
+import node_agent.fallback.rules, node_agent.fallback.runner
 print(",".join(sorted(name for name in {heavy!r} if name in sys.modules)))
 """
 
@@ -111,7 +111,7 @@ def test_the_sidecar_loads_no_kubernetes_client_before_fallback(script: str) -> 
 def test_the_fallback_writer_is_what_loads_it() -> None:
     """The control: the writer module does load the client (else the test above proves
     nothing)."""
-    script = "import sys, node_agent.fallback_writer; print('kubernetes' in sys.modules)"
+    script = "import sys, node_agent.fallback.writer; print('kubernetes' in sys.modules)"
     done = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
     )

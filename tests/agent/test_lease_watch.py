@@ -1,4 +1,4 @@
-"""The agent's read of the aggregator's Lease (issue 26, ``node_agent.lease_watch``), in
+"""The agent's read of the aggregator's Lease (issue 26, ``node_agent.fallback.lease_watch``), in
 process, against the kmock API emulator (real HTTP, the official client): a Lease that does not
 exist is told as absent, then each change of it (created, renewed, taken over, deleted) through
 a watch of that one Lease, with a get and a watch only (no list); a watch the server ends
@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
-from node_agent.daemonset import USER_AGENT
-from node_agent.lease_gate import LeaseName, LeaseSeen
-from node_agent.lease_watch import follow_lease
+from node_agent.fallback.lease_gate import LeaseName, LeaseSeen
+from node_agent.fallback.lease_watch import follow_lease
+from node_agent.kube_client import USER_AGENT
 from servehealth_common.kube.client import KubeClient
 from tests.conftest import eventually
-from tests.kube.emulator import LEASES, KubeEmulator
+from testsupport.kube.emulator import LEASES, KubeEmulator
 
 NAME = LeaseName("serve-health", "ray-serve-health-aggregator")
 

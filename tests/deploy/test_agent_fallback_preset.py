@@ -19,7 +19,7 @@ import pytest
 
 from aggregator.fallback_settings import write_settings
 from aggregator.flags import AggregatorFlags
-from node_agent.fallback_wire import rules_from
+from node_agent.fallback.wire import rules_from
 from node_agent.flags import AgentFlags
 from servehealth_common.config import load
 from tests.deploy.manifests import environment, find, pod_specs, render

@@ -12,13 +12,13 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from aggregator.leader import micro_time
+from aggregator.leader.elector import micro_time
 from servehealth_common import fallback_marks
 from servehealth_common.pod_identity import PodKey
 from servehealth_common.states import ServeState
 from tests.conftest import StartAggregator, eventually
-from tests.fakes import FakeServeProxy
-from tests.kube.emulator import PODS, KubeEmulator
+from testsupport.fakes import FakeServeProxy
+from testsupport.kube.emulator import PODS, KubeEmulator
 
 LABEL = "ray.io/serve"
 GATE = "ray.io/serve-proxy-healthy"
@@ -35,7 +35,7 @@ async def proxy() -> AsyncIterator[FakeServeProxy]:
 
 
 def agent_write(kube: KubeEmulator, value: str) -> None:
-    """What an agent in fallback writes (node_agent/fallback_writer.py): the label and its mark."""
+    """What an agent in fallback writes (node_agent/fallback/writer.py): the label and its mark."""
     now = datetime.datetime.now(datetime.UTC)
     mark = fallback_marks.annotation_value(micro_time(now), "default/worker (sidecar)")
     kube.modify_pod(

@@ -1,7 +1,7 @@
 """Whether ``serve-health-cleanup`` sees agents writing in fallback
-(``aggregator/cleanup_agents.py``, pure): the marks their writes leave on the pods (the
+(``aggregator/cleanup/agents.py``, pure): the marks their writes leave on the pods (the
 annotation beside a label, a condition with reason ``NoAggregator``), made here by the agent's
-own code (``node_agent.fallback_bodies``), newer than the aggregator's departure (its Lease's
+own code (``node_agent.fallback.bodies``), newer than the aggregator's departure (its Lease's
 renewal or release; without a Lease, a window before the cleanup's start), at each mark's
 resolution; who wrote them; and what the refusal says to do."""
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from aggregator.cleanup_agents import (
+from aggregator.cleanup.agents import (
     NAMED,
     agent_writes,
     evidence,
@@ -20,8 +20,8 @@ from aggregator.cleanup_agents import (
     since,
     written_back,
 )
-from node_agent.fallback_bodies import write_body
-from node_agent.fallback_rules import Kind, Write
+from node_agent.fallback.bodies import write_body
+from node_agent.fallback.rules import Kind, Write
 from servehealth_common import fallback_marks as marks
 from servehealth_common.pod_identity import PodKey
 from servehealth_common.states import ServeState

@@ -1,4 +1,5 @@
-"""The agent's fallback decider (``node_agent.fallback``, ``node_agent.fallback_rules``), pure,
+"""The agent's fallback decider (``node_agent.fallback.decider``, ``node_agent.fallback.rules``),
+pure,
 on a fake clock: when fallback begins and ends, the aggregator's rule and thresholds, fail
 static on UNHEALTHY, writes only on change, only to gated pods for the condition, a stop the
 moment a stream is accepted (pending writes dropped), which write settings are refused, and
@@ -16,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from node_agent.fallback import Fallback, FallbackPhase
-from node_agent.fallback_rules import (
+from node_agent.fallback.decider import Fallback, FallbackPhase
+from node_agent.fallback.rules import (
     NO_PROXY_BY_DESIGN,
     Kind,
     PodFacts,

@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from node_agent.fallback_budget import PER_SLOT, WINDOW, ApiBudget
+from node_agent.fallback.budget import PER_SLOT, WINDOW, ApiBudget
 
 
 class Clock:

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from node_agent.fallback import Fallback
-from node_agent.fallback_rules import PodFacts, WhosePods, WriteRules
-from node_agent.lease_gate import LeaseName
+from node_agent.fallback.decider import Fallback
+from node_agent.fallback.lease_gate import LeaseName
+from node_agent.fallback.rules import PodFacts, WhosePods, WriteRules
 from servehealth_common.pod_identity import PodKey
 from servehealth_common.states import ServeState
 

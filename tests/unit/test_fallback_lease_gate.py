@@ -1,5 +1,6 @@
-"""The Lease gate of the agent's fallback (issue 26, ``node_agent.lease_gate`` and its use in
-``node_agent.fallback``), pure, on a fake clock: an agent without a stream falls back only
+"""The Lease gate of the agent's fallback (issue 26, ``node_agent.fallback.lease_gate`` and its use
+in
+``node_agent.fallback.decider``), pure, on a fake clock: an agent without a stream falls back only
 while no aggregator renews the Lease (judged on the agent's own clock, as a standby does), a
 fallback under way stops at once when the Lease is renewed again, an unreadable Lease leaves
 the gate open, and no Lease named is today's behaviour."""
@@ -8,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from node_agent.fallback import Fallback, FallbackPhase
-from node_agent.fallback_rules import PodFacts, WhosePods, WriteRules
-from node_agent.lease_gate import Judged, LeaseGate, LeaseName, LeaseSeen
+from node_agent.fallback.decider import Fallback, FallbackPhase
+from node_agent.fallback.lease_gate import Judged, LeaseGate, LeaseName, LeaseSeen
+from node_agent.fallback.rules import PodFacts, WhosePods, WriteRules
 from servehealth_common.pod_identity import PodKey
 from servehealth_common.states import ServeState
 

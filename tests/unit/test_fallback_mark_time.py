@@ -10,8 +10,8 @@ import re
 
 import pytest
 
-from node_agent.fallback_bodies import event_body, write_body
-from node_agent.fallback_rules import Kind, Write
+from node_agent.fallback.bodies import event_body, write_body
+from node_agent.fallback.rules import Kind, Write
 from servehealth_common import fallback_marks
 from servehealth_common.pod_identity import PodKey
 from servehealth_common.states import ServeState
@@ -61,6 +61,6 @@ def test_written_after_compares_like_with_like(mark: datetime.datetime, after: b
 
 
 def test_micro_time_is_the_leases_format() -> None:
-    from aggregator.leader import micro_time
+    from aggregator.leader.elector import micro_time
 
     assert fallback_marks.micro_time(WHEN) == micro_time(WHEN) == "2026-12-01T20:31:07.123456Z"

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from aggregator.override import Override as AggregatorOverride
-from node_agent.fallback import Fallback
-from node_agent.fallback_rules import PodFacts, WhosePods, WriteRules
+from aggregator.decision.override import Override as AggregatorOverride
+from node_agent.fallback.decider import Fallback
+from node_agent.fallback.rules import PodFacts, WhosePods, WriteRules
 from servehealth_common.override import ANNOTATION, Override
 from servehealth_common.pod_identity import PodKey
 from servehealth_common.states import ServeState

@@ -5,9 +5,9 @@ and lets none go; once the Lease is read again, a renewal made in the gap counts
 
 from __future__ import annotations
 
-from node_agent.fallback import Fallback, FallbackPhase
-from node_agent.fallback_rules import PodFacts, WhosePods, WriteRules
-from node_agent.lease_gate import LeaseName, LeaseSeen
+from node_agent.fallback.decider import Fallback, FallbackPhase
+from node_agent.fallback.lease_gate import LeaseName, LeaseSeen
+from node_agent.fallback.rules import PodFacts, WhosePods, WriteRules
 from servehealth_common.pod_identity import PodKey
 from servehealth_common.states import ServeState
 

@@ -10,9 +10,9 @@ import pytest
 
 from aggregator.flags import AggregatorFlags
 from aggregator.wiring import write_settings
-from node_agent.fallback import Fallback
-from node_agent.fallback_rules import WhosePods, WriteRules
-from node_agent.fallback_wire import rules_from
+from node_agent.fallback.decider import Fallback
+from node_agent.fallback.rules import WhosePods, WriteRules
+from node_agent.fallback.wire import rules_from
 from servehealth_common.pod_identity import PodKey
 
 MODES = ("label", "condition", "both")

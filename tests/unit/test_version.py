@@ -47,14 +47,14 @@ def test_the_installed_metadata_has_the_version() -> None:
 
 def test_both_programs_and_what_they_send_show_the_version() -> None:
     from aggregator import server, wiring
-    from node_agent import agent, daemonset
+    from node_agent import agent, daemonset, kube_client
 
     assert aggregator.__version__ == node_agent.__version__ == __version__
     # The agent's hello (agent_version) in both modes, and the aggregator's start line and
     # serve_health_build_info: each module's own name for it.
     for module in (agent, daemonset, server, wiring):
         assert module.__version__ == __version__, module.__name__
-    assert daemonset.USER_AGENT.rpartition("/")[2] == __version__
+    assert kube_client.USER_AGENT.rpartition("/")[2] == __version__
 
 
 def test_the_console_scripts_are_the_three_commands() -> None:

@@ -1,5 +1,5 @@
-"""The agent's fallback, between the pure decider (:mod:`node_agent.fallback`) and the API
-(:mod:`node_agent.fallback_writer`).
+"""The agent's fallback, between the pure decider (:mod:`node_agent.fallback.decider`) and the API
+(:mod:`node_agent.fallback.writer`).
 
 :class:`FallbackRunner` is told everything the decider needs: the Report stream's ups and downs,
 the aggregator's write settings and fleet size, and what a sidecar's pod carries (it is the
@@ -12,7 +12,7 @@ An agent that has nothing to write sends nothing (issue 26): the Lease is read o
 write is wanted; a sidecar reads its pod only if no aggregator told it what the pod carries,
 or the pod changed since (a conditional write answered 409), and watches it only while a manual
 override holds back a write (to see the override go). Every request waits for the agent's share
-of the fleet's API budget (:mod:`node_agent.fallback_budget`).
+of the fleet's API budget (:mod:`node_agent.fallback.budget`).
 
 The writer, and with it the Kubernetes client, is made only when the first request is due
 (``open_writer``): a sidecar that never needs one never loads the client (~30 MiB of RSS, a
@@ -27,13 +27,13 @@ import logging
 import time
 from collections.abc import Callable
 
-from node_agent.fallback import Fallback, FallbackChange, FallbackPhase
-from node_agent.fallback_ports import OpenWriter, WriterLike
-from node_agent.fallback_rules import (
+from node_agent.fallback.decider import Fallback, FallbackChange, FallbackPhase
+from node_agent.fallback.lease_gate import Judged, LeaseName, LeaseSeen
+from node_agent.fallback.ports import OpenWriter, WriterLike
+from node_agent.fallback.rules import (
     PodFacts,
 )
-from node_agent.fallback_wire import facts_from_view, rules_from
-from node_agent.lease_gate import Judged, LeaseName, LeaseSeen
+from node_agent.fallback.wire import facts_from_view, rules_from
 from node_agent.sink import MetricsSink
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth_common.fallback_marks import WHY

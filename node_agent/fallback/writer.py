@@ -9,7 +9,7 @@ an agent's write (:mod:`servehealth_common.fallback_marks`), an Event each, one 
 
 Each call has the client's deadline (``--kube-timeout``). 429, 5xx, 409 and broken connections
 are retried with capped, jittered backoff (honouring ``Retry-After``) for as long as the
-decider still wants the write (:meth:`~node_agent.fallback.Fallback.still_wanted`: a stream
+decider still wants the write (:meth:`~node_agent.fallback.decider.Fallback.still_wanted`: a stream
 accepted meanwhile drops it); 404 means the pod is gone; anything else (a 403: no RBAC for it)
 is given up until the next fallback. A failing write is logged when its failure starts and
 when it changes or ends (with the number of attempts), not at every attempt.
@@ -29,13 +29,14 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from node_agent.fallback import Fallback, FallbackPhase
-from node_agent.fallback_bodies import event_body, utc_now, write_body
-from node_agent.fallback_ports import LeaseListener
-from node_agent.fallback_rules import Kind, PodFacts, Write
+from node_agent.fallback.bodies import event_body, utc_now, write_body
+from node_agent.fallback.decider import Fallback, FallbackPhase
+from node_agent.fallback.lease_gate import LeaseName
+from node_agent.fallback.lease_watch import follow_lease
+from node_agent.fallback.ports import LeaseListener
+from node_agent.fallback.rules import Kind, PodFacts, Write
 from node_agent.flags import AgentFlags
-from node_agent.lease_gate import LeaseName
-from node_agent.lease_watch import follow_lease
+from node_agent.kube_client import make_kube_client
 from node_agent.sink import MetricsSink
 from servehealth_common import fallback_marks as marks
 from servehealth_common.backoff import Backoff
@@ -87,7 +88,7 @@ class FallbackWriter:
 
     async def permit(self) -> None:
         """Wait for this agent's next request within its share of the fleet's API budget
-        (:mod:`node_agent.fallback_budget`; at once without one)."""
+        (:mod:`node_agent.fallback.budget`; at once without one)."""
         budget = self._core.budget
         if budget is not None:
             wait = budget.reserve() - self._clock()
@@ -142,7 +143,8 @@ class FallbackWriter:
             watch.stop()
 
     async def follow_lease(self, name: LeaseName, to: LeaseListener) -> None:
-        """The aggregator's Lease, while no stream is up (:mod:`node_agent.lease_watch`)."""
+        """The aggregator's Lease, while no stream is up
+        (:mod:`node_agent.fallback.lease_watch`)."""
         await follow_lease(self.client, name, to, self._rng, self.permit)
 
     async def read_pod(self, key: PodKey) -> PodFacts | None:
@@ -363,9 +365,7 @@ async def open_sidecar_writer(
 
 
 def _sidecar_client(settings: AgentFlags) -> KubeClient:
-    from node_agent.daemonset import make_kube_client  # the same client as a DaemonSet agent's
-
-    return make_kube_client(settings)
+    return make_kube_client(settings)  # the same client as a DaemonSet agent's
 
 
 def _delay(backoff: Backoff, error: APIError) -> float:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
-from node_agent.fallback_rules import Kind, Write
+from node_agent.fallback.rules import Kind, Write
 from servehealth_common import fallback_marks as marks
 
 COMPONENT = "ray-serve-health-agent"

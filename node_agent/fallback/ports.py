@@ -1,20 +1,20 @@
 """What the fallback's runner needs of its writer, and who is told what the Lease shows: the
-seams between :mod:`node_agent.fallback_runner`, :mod:`node_agent.fallback_writer` and
-:mod:`node_agent.lease_watch`."""
+seams between :mod:`node_agent.fallback.runner`, :mod:`node_agent.fallback.writer` and
+:mod:`node_agent.fallback.lease_watch`."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
-from node_agent.fallback import Fallback
-from node_agent.fallback_rules import PodFacts, Write
-from node_agent.lease_gate import LeaseName, LeaseSeen
+from node_agent.fallback.decider import Fallback
+from node_agent.fallback.lease_gate import LeaseName, LeaseSeen
+from node_agent.fallback.rules import PodFacts, Write
 from servehealth_common.pod_identity import PodKey
 
 
 class WriterLike(Protocol):
-    """What the runner needs of :class:`~node_agent.fallback_writer.FallbackWriter`."""
+    """What the runner needs of :class:`~node_agent.fallback.writer.FallbackWriter`."""
 
     def submit(self, write: Write) -> None: ...
 
@@ -30,7 +30,7 @@ class WriterLike(Protocol):
 
 
 class LeaseListener(Protocol):
-    """Who is told what the Lease shows (:class:`~node_agent.fallback_runner.FallbackRunner`)."""
+    """Who is told what the Lease shows (:class:`~node_agent.fallback.runner.FallbackRunner`)."""
 
     def lease_seen(self, name: LeaseName, record: LeaseSeen | None) -> None: ...
 

@@ -34,9 +34,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from node_agent.fallback_budget import ApiBudget
-from node_agent.fallback_phase import ALLOWED, FallbackChange, FallbackPhase
-from node_agent.fallback_rules import (
+from node_agent.fallback.budget import ApiBudget
+from node_agent.fallback.lease_gate import LeaseGate, LeaseName
+from node_agent.fallback.phase import ALLOWED, FallbackChange, FallbackPhase
+from node_agent.fallback.rules import (
     NO_PROXY_BY_DESIGN,
     SIDES,
     VALUES,
@@ -49,7 +50,6 @@ from node_agent.fallback_rules import (
     carrying,
     refusal,
 )
-from node_agent.lease_gate import LeaseGate, LeaseName
 from servehealth_common.pod_identity import PodKey
 from servehealth_common.states import ServeState
 
@@ -200,7 +200,7 @@ class Fallback:
                +--> WAITING: the Lease is renewed again (an aggregator is back)
 
         With a Lease named, WAITING -> FALLBACK also needs the Lease not renewed
-        (:mod:`node_agent.lease_gate`). Writes are decided only in FALLBACK.
+        (:mod:`node_agent.fallback.lease_gate`). Writes are decided only in FALLBACK.
         """
         old, now = self.phase, self._clock()
         if new is old:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import random
 import time
 
-from node_agent.fallback import Fallback
-from node_agent.fallback_budget import ApiBudget
-from node_agent.fallback_rules import WhosePods
+from node_agent.fallback.budget import ApiBudget
+from node_agent.fallback.decider import Fallback
+from node_agent.fallback.lease_gate import LeaseName
+from node_agent.fallback.rules import WhosePods
 from node_agent.flags import AgentFlags
-from node_agent.lease_gate import LeaseName
 
 
 def fallback_core(settings: AgentFlags, own: WhosePods, rng: random.Random) -> Fallback:

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from node_agent.fallback_rules import (
+from node_agent.fallback.rules import (
     DEFAULT_FAILURE_THRESHOLD,
     DEFAULT_SUCCESS_THRESHOLD,
     PodFacts,

@@ -1,5 +1,5 @@
 """The phases of an agent's fallback, and the moves between them (see
-:meth:`node_agent.fallback.Fallback._move` for the diagram)."""
+:meth:`node_agent.fallback.decider.Fallback._move` for the diagram)."""
 
 from __future__ import annotations
 

@@ -4,12 +4,12 @@ that one Lease, then a ``watch`` of it from the resourceVersion read (field sele
 jittered). An agent needs ``get`` and ``watch`` on that one Lease only (RBAC ``resourceNames``): no
 ``list``.
 
-Read only by an agent that has something to write (:meth:`~node_agent.fallback.Fallback.
+Read only by an agent that has something to write (:meth:`~node_agent.fallback.decider.Fallback.
 lease_wanted`), never while its stream is up; each request waits for the agent's share of the
-fleet's API budget (``permit``: :mod:`node_agent.fallback_budget`), so the ``get`` and the first
+fleet's API budget (``permit``: :mod:`node_agent.fallback.budget`), so the ``get`` and the first
 ``watch`` of a fleet that lost its aggregator are spread over the budget's period. Errors are
 retried with capped, jittered backoff (1 s up to 60 s); each tells the listener the Lease is
-unreadable (which opens the gate only if it was never read: :mod:`node_agent.lease_gate`).
+unreadable (which opens the gate only if it was never read: :mod:`node_agent.fallback.lease_gate`).
 
 The official client is synchronous: the watch runs in a daemon thread and hands events to the
 loop.
@@ -25,8 +25,8 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from node_agent.fallback_ports import LeaseListener
-from node_agent.lease_gate import LeaseName, LeaseSeen
+from node_agent.fallback.lease_gate import LeaseName, LeaseSeen
+from node_agent.fallback.ports import LeaseListener
 from servehealth_common.backoff import Backoff, jittered
 from servehealth_common.kube.client import KubeClient
 from servehealth_common.kube.errors import APIError, APIGoneError, APINotFoundError
