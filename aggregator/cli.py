@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from aggregator import heap
 from aggregator.flags import AggregatorFlags
-from aggregator.kube.lease import LeaderElectionConfigError
+from aggregator.leader.lease import LeaderElectionConfigError
 from aggregator.wiring import build_aggregator
 from servehealth_common import logs, runtime
 from servehealth_common.config import load

@@ -8,7 +8,7 @@ import os
 from collections.abc import Mapping
 
 from aggregator.flags import AggregatorFlags
-from aggregator.kube.lease import LeaderElectionConfigError, lease_namespace
+from aggregator.leader.lease import LeaderElectionConfigError, lease_namespace
 from servehealth.v1 import servehealth_pb2 as pb
 
 

@@ -10,7 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import ClassVar
 
-from aggregator import flag_sections, leader_flags
+from aggregator import flag_sections
+from aggregator.leader import flags as leader_flags
 from servehealth_common import flags as shared
 from servehealth_common.config import check_listen_address, setting
 from servehealth_common.tls import (

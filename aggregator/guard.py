@@ -21,7 +21,6 @@ from typing import Any, NoReturn
 
 import grpc
 
-from aggregator.admission import peer_host
 from aggregator.auth import (
     EXPIRED,
     AuthError,
@@ -33,6 +32,7 @@ from aggregator.auth import (
     Verified,
     check_hello,
 )
+from aggregator.ingest.admission import peer_host
 from aggregator.metrics import Metrics
 from servehealth.v1 import servehealth_pb2 as pb
 

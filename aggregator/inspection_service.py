@@ -11,15 +11,16 @@ from collections.abc import AsyncIterator, Callable
 
 import grpc
 
-from aggregator import override, wire
-from aggregator.call_bookkeeping import CallsInFlight
-from aggregator.core import Core
+from aggregator.decision import override
+from aggregator.decision.core import Core
+from aggregator.decision.shadow import Disagreements, ShadowView
+from aggregator.decision.tracker import PodRecord
+from aggregator.decision.transition_feed import WatcherTooSlow
 from aggregator.guard import Guard
+from aggregator.ingest import wire
+from aggregator.ingest.call_bookkeeping import CallsInFlight
+from aggregator.ingest.report_service import SHUTDOWN_MESSAGE
 from aggregator.registry import PodRegistry
-from aggregator.report_service import SHUTDOWN_MESSAGE
-from aggregator.shadow import Disagreements, ShadowView
-from aggregator.tracker import PodRecord
-from aggregator.transition_feed import WatcherTooSlow
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
 from servehealth_common.pod_identity import PodKey

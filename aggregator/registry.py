@@ -1,8 +1,8 @@
 """Where pods come from and where their serve label goes.
 
 A backend answers two questions for the core: may this pod be tracked (``admit``), and make
-this pod say this (``desire``): it writes what :func:`aggregator.write_rule.write_needed` calls
-for, given what the pod ``carried``. The in-memory backend needs no cluster: pods register
+this pod say this (``desire``): it writes what :func:`aggregator.decision.write_rule.write_needed`
+calls for, given what the pod ``carried``. The in-memory backend needs no cluster: pods register
 through their agent's hello and labels live in a dict.
 """
 
@@ -15,11 +15,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-from aggregator.override import NONE, Override
-from aggregator.serve_view import UNKNOWN, ProxyIntent
-from aggregator.shadow import Target, WouldBeWrites
-from aggregator.tracker import StateChange
-from aggregator.write_rule import WriteKind, write_needed
+from aggregator.decision.override import NONE, Override
+from aggregator.decision.serve_view import UNKNOWN, ProxyIntent
+from aggregator.decision.shadow import Target, WouldBeWrites
+from aggregator.decision.tracker import StateChange
+from aggregator.decision.write_rule import WriteKind, write_needed
 from servehealth_common.pod_identity import PodInfo, PodKey
 
 log = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ class PodRegistry(abc.ABC):
     #: whether the pod still exists, or check on it (the memory backend: no watch, no pulls).
     forgets_departed = False
     #: Who hears that a pod's :meth:`view` may have changed (the Report streams of sidecars,
-    #: through :meth:`aggregator.core.Core.listen_to_views`).
+    #: through :meth:`aggregator.decision.core.Core.listen_to_views`).
     view_listener: Callable[[PodKey], None] | None = None
 
     async def start(self, sink: PodSink) -> None:  # noqa: B027 - optional hook
@@ -132,7 +132,8 @@ class PodRegistry(abc.ABC):
         """The core no longer tracks ``key``."""
 
     def override(self, key: PodKey) -> Override:
-        """The pod's manual override (:mod:`aggregator.override`; none without annotations)."""
+        """The pod's manual override (:mod:`aggregator.decision.override`; none without
+        annotations)."""
         return NONE
 
     def overrides(self) -> dict[str, int]:
@@ -150,7 +151,7 @@ class PodRegistry(abc.ABC):
 
     def targets(self, key: PodKey, wanted: str) -> list[Target]:
         """Each thing the aggregator writes to the pod: its kind, what the pod carries now, and
-        the value that goes with the label ``wanted`` (:mod:`aggregator.shadow`)."""
+        the value that goes with the label ``wanted`` (:mod:`aggregator.decision.shadow`)."""
         return [(WriteKind.LABEL, self.carried(key, WriteKind.LABEL), wanted)]
 
 

@@ -29,19 +29,19 @@ from grpc_reflection.v1alpha import reflection
 from aggregator import __version__
 from aggregator.binding import add_grpc_port, host_port, start_metrics
 from aggregator.channel_options import GrpcServerSettings, server_options
-from aggregator.core import Core
-from aggregator.expiry import ExpiryLoop
-from aggregator.fallback_found import count_agent_writes
+from aggregator.decision.core import Core
 from aggregator.guard import Guard
+from aggregator.ingest.report_service import ReportService
 from aggregator.inspection_service import InspectionService
-from aggregator.kube.lease import KubeLeaseStore
-from aggregator.leader import LeaderElector
-from aggregator.leader_label import LeaderLabel
+from aggregator.leader.elector import LeaderElector
+from aggregator.leader.fallback_found import count_agent_writes
+from aggregator.leader.label import LeaderLabel
+from aggregator.leader.lease import KubeLeaseStore
 from aggregator.lifecycle import Lifecycle, Phase
 from aggregator.metrics import Metrics
-from aggregator.puller import Puller
+from aggregator.pull.expiry import ExpiryLoop
+from aggregator.pull.puller import Puller
 from aggregator.registry import PodRegistry
-from aggregator.report_service import ReportService
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
 from servehealth_common.config import split_host_port
@@ -61,7 +61,7 @@ SERVICE_NAMES = (
 #: grpc.health.v1 names SERVING only while this replica leads (pods listed; with
 #: --leader-elect, the Lease held): for grpcurl and agents that know every replica. The
 #: kubelet's probes use /livez and /readyz on the metrics port (plaintext, whatever TLS the gRPC
-#: port has), and the Service selects the leader by its label (aggregator/leader_label.py).
+#: port has), and the Service selects the leader by its label (aggregator/leader/label.py).
 LEADER_ONLY = ("", SERVICE_NAMES[0])
 #: A grpc.health.v1 name SERVING for as long as the process runs, leader, standby or waiting
 #: for the Kubernetes API: for the liveness and startup probes (a replica must not be restarted

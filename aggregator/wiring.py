@@ -16,36 +16,36 @@ from collections.abc import Mapping
 from typing import Any
 
 from aggregator import __version__
-from aggregator.admission import AdmissionSettings
 from aggregator.auth import DEFAULT_AUDIENCE, ReviewUnavailable, TokenReviewer
 from aggregator.channel_options import GrpcServerSettings
-from aggregator.core import Core, CoreSettings
-from aggregator.expiry import ExpiryLoop
+from aggregator.decision.core import Core, CoreSettings
+from aggregator.decision.resync import ResyncSettings
+from aggregator.decision.self_protection import ProtectionSettings
+from aggregator.decision.shadow import WOULD_BE_KINDS, ShadowView
+from aggregator.decision.tracker import Clock, Tracker, TrackerSettings
 from aggregator.fallback_settings import write_settings
 from aggregator.flags import AggregatorFlags
 from aggregator.guard import Guard
+from aggregator.ingest.admission import AdmissionSettings
+from aggregator.ingest.report_service import ReportService, ReportSettings
 from aggregator.inspection_service import InspectionService
 from aggregator.kube.api import KubeApi
-from aggregator.kube.lease import (
+from aggregator.kube.registry import KubeRegistry, KubeSettings
+from aggregator.leader.elector import ElectionSettings
+from aggregator.leader.lease import (
     LeaderElectionConfigError,
     candidate_identity,
     lease_namespace,
     make_elector,
 )
-from aggregator.kube.own_pods import leader_label
-from aggregator.kube.registry import KubeRegistry, KubeSettings
-from aggregator.leader import ElectionSettings
+from aggregator.leader.own_pods import leader_label
 from aggregator.lifecycle import Lifecycle, not_ready
 from aggregator.metrics import Metrics
-from aggregator.puller import Puller, PullSettings
+from aggregator.pull.expiry import ExpiryLoop
+from aggregator.pull.puller import Puller, PullSettings
+from aggregator.pull.serve_view_poller import ServeViewSettings
 from aggregator.registry import MemoryRegistry, PodRegistry
-from aggregator.report_service import ReportService, ReportSettings
-from aggregator.resync import ResyncSettings
-from aggregator.self_protection import ProtectionSettings
-from aggregator.serve_view_poller import ServeViewSettings
 from aggregator.server import Aggregator, Election, PortSettings
-from aggregator.shadow import WOULD_BE_KINDS, ShadowView
-from aggregator.tracker import Clock, Tracker, TrackerSettings
 from servehealth_common.config import split_host_port
 from servehealth_common.kube.client import NoKubeConfig, find_config, load_configuration
 from servehealth_common.kube.errors import APIError

@@ -18,11 +18,11 @@ import sys
 import time
 import tracemalloc
 
-from aggregator.core import Core, CoreSettings
+from aggregator.decision.core import Core, CoreSettings
+from aggregator.decision.tracker import Observation, Tracker, TrackerSettings
 from aggregator.metrics import Metrics
-from aggregator.puller import Puller, PullSettings
+from aggregator.pull.puller import Puller, PullSettings
 from aggregator.registry import MemoryRegistry
-from aggregator.tracker import Observation, Tracker, TrackerSettings
 from servehealth_common.pod_identity import PodInfo, PodKey
 from servehealth_common.states import ServeState
 

@@ -1,6 +1,6 @@
 """How often does a leader lose its Lease on a slow API server? The election's own code
-(``aggregator/leader.py``'s LeaderElector: the renew loop, the per-call deadlines, the standby's
-polling) on a simulated clock, for many simulated hours: the rates that a real-process run
+(``aggregator/leader/elector.py``'s LeaderElector: the renew loop, the per-call deadlines, the
+standby's polling) on a simulated clock, for many simulated hours: the rates that a real-process run
 (``bench/failover.py --quiet``, minutes long) can only bound.
 
 Two candidates share one in-memory Lease with resourceVersions. Every Lease call (get, create,
@@ -42,7 +42,7 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from aggregator.leader import ElectionSettings, LeaderElector, Lease, LeaseRecord
+from aggregator.leader.elector import ElectionSettings, LeaderElector, Lease, LeaseRecord
 from bench import api_latency
 from servehealth_common.kube.errors import APIConflictError
 
@@ -243,7 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     # Every failed call would be logged (a WARNING per kind): thousands of hours of them.
-    logging.getLogger("aggregator.leader").setLevel(logging.CRITICAL)
+    logging.getLogger("aggregator.leader.elector").setLevel(logging.CRITICAL)
     started = time.monotonic()
     print(
         f"leader churn, simulated: {args.hours:g} h per setting, API {args.latency.describe()}",

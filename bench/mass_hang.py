@@ -80,9 +80,10 @@ import grpc
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import harness, procstat
+from bench import procstat
 from bench.pull_sweep import event_loop, pin
 from servehealth.v1 import servehealth_pb2 as pb
+from testsupport import harness
 
 REPO_ROOT = harness.REPO_ROOT
 DEFAULT_OUTPUT = REPO_ROOT / "bench" / "results" / "mass_hang.json"
@@ -109,7 +110,7 @@ DISTURBED = 0.15
 SERVING = "SERVE_STATE_SERVING"
 SUSPECT = ("SERVE_STATE_UNHEALTHY", "SERVE_STATE_SILENT")
 _LOG_TIME = r"(?P<time>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})"
-#: The first write PANIC holds (aggregator/held_writes.py): PANIC as operators see it.
+#: The first write PANIC holds (aggregator/decision/held_writes.py): PANIC as operators see it.
 PANIC_LINE = re.compile(rf"^{_LOG_TIME} \S+ \S+: PANIC: holding a write ", re.MULTILINE)
 #: The detector's decision, logged before any write is held.
 DETECTOR_LINE = re.compile(
@@ -162,7 +163,7 @@ class FleetControl:
                 self.lag_over[bound] += lag > bound
 
     def handle(self, command: dict[str, Any]) -> dict[str, Any]:
-        from tests.fakes import HEALTHY
+        from testsupport.fakes import HEALTHY
 
         loop = asyncio.get_running_loop()
         op = command.get("op")
@@ -219,8 +220,8 @@ async def serve_fleet(pods: int, nodes: int, workdir: Path, lifetime: float) -> 
     closes (or ``lifetime`` passes)."""
     import kmock
 
-    from tests.fakes import FakeServeProxy
-    from tests.kube.emulator import DEFAULT_POD_LABELS, KubeEmulator
+    from testsupport.fakes import FakeServeProxy
+    from testsupport.kube.emulator import DEFAULT_POD_LABELS, KubeEmulator
 
     loop = asyncio.get_running_loop()
     per_node = -(-pods // nodes)

@@ -31,10 +31,10 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 
 import grpc
 
-from aggregator.report_service import SHUTDOWN_MESSAGE
-from bench import harness
+from aggregator.ingest.report_service import SHUTDOWN_MESSAGE
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth_common.states import ServeState
+from testsupport import harness
 
 # Every wait ends as soon as what it waits for happens; the limits only say when to give up.
 # They leave room for a machine whose cores are busy with other work: with two busy loops on

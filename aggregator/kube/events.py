@@ -11,10 +11,10 @@ import logging
 
 from aiolimiter import AsyncLimiter
 
+from aggregator.decision.override import OverrideChange
+from aggregator.decision.tracker import StateChange
 from aggregator.kube.api import KubeApi
 from aggregator.metrics import Metrics
-from aggregator.override import OverrideChange
-from aggregator.tracker import StateChange
 from servehealth_common.kube.errors import APIError
 from servehealth_common.pod_identity import PodInfo
 from servehealth_common.states import ServeState

@@ -6,9 +6,9 @@ import datetime
 from dataclasses import dataclass
 from typing import Any
 
+from aggregator.decision.override import ANNOTATION, NONE, Override
+from aggregator.decision.write_rule import condition_value
 from aggregator.kube.kubelet_probe import checks_serve, ready_condition
-from aggregator.override import ANNOTATION, NONE, Override
-from aggregator.write_rule import condition_value
 from servehealth_common import fallback_marks
 from servehealth_common.kube.pods import SERVE_GRPC_PORT_NAME, named_port, serve_port
 from servehealth_common.pod_identity import PodInfo, PodKey
@@ -27,7 +27,7 @@ class KubePod:
     labels: dict[str, str]
     readiness_gates: frozenset[str]
     #: condition type -> value: its status ("True"/"False"/"Unknown"), or
-    #: :data:`~aggregator.write_rule.NO_PROXY_BY_DESIGN` (True with that reason)
+    #: :data:`~aggregator.decision.write_rule.NO_PROXY_BY_DESIGN` (True with that reason)
     conditions: dict[str, str]
     dashboard_port: int = 0  # the container port named "dashboard" (0: none)
     #: Its ray-serve-health/override annotation, as read.

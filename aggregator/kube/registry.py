@@ -1,7 +1,7 @@
 """The Kubernetes pod registry: discovery in, label (and condition) writes and events out.
 
-A pod's ``ray-serve-health/override`` annotation (:mod:`aggregator.override`) overrules what
-its health wants: every write of the pod goes through :meth:`KubeRegistry.wanted`, whatever
+A pod's ``ray-serve-health/override`` annotation (:mod:`aggregator.decision.override`) overrules
+what its health wants: every write of the pod goes through :meth:`KubeRegistry.wanted`, whatever
 asked for it (a transition, the watch's drift repair, the end of PANIC), and an annotation
 added, removed or changed is applied at once from the watch, PANIC or not."""
 
@@ -15,6 +15,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from aggregator.decision.override import ANNOTATION, NONE, Override, change
+from aggregator.decision.override import wanted as override_wanted
+from aggregator.decision.serve_view import UNKNOWN, ProxyIntent, proxy_meant
+from aggregator.decision.shadow import Target, WouldBeWrites
+from aggregator.decision.tracker import StateChange
+from aggregator.decision.write_rule import NO_PROXY_BY_DESIGN, WriteKind, condition_status
 from aggregator.kube.api import KubeApi
 from aggregator.kube.discovery import Discovery
 from aggregator.kube.events import EventRecorder
@@ -24,19 +30,13 @@ from aggregator.kube.pods import KubePod, older, parse_pod
 from aggregator.kube.shadow import ShadowEvents, ShadowWriter
 from aggregator.kube.writer import Writer, WriterSettings
 from aggregator.metrics import Metrics
-from aggregator.override import ANNOTATION, NONE, Override, change
-from aggregator.override import wanted as override_wanted
-from aggregator.registry import PodRegistry, PodSink, PodViewFacts
-from aggregator.serve_view import UNKNOWN, ProxyIntent, proxy_meant
-from aggregator.serve_view_poller import (
+from aggregator.pull.serve_view_poller import (
     ClusterKey,
     ServeViewPoller,
     ServeViewSettings,
     dashboard_url,
 )
-from aggregator.shadow import Target, WouldBeWrites
-from aggregator.tracker import StateChange
-from aggregator.write_rule import NO_PROXY_BY_DESIGN, WriteKind, condition_status
+from aggregator.registry import PodRegistry, PodSink, PodViewFacts
 from servehealth_common import fallback_marks
 from servehealth_common.pod_identity import PodInfo, PodKey
 from servehealth_common.states import ServeState
@@ -162,7 +162,8 @@ class KubeRegistry(PodRegistry):
     def desire(self, key: PodKey, value: str, transition: StateChange | None = None) -> None:
         """Hand the writer every target that must say ``value`` (an override's value instead,
         if the pod has one; the writer writes only what
-        :func:`~aggregator.write_rule.write_needed` calls for); an Event if anything moves."""
+        :func:`~aggregator.decision.write_rule.write_needed` calls for); an Event if anything
+        moves."""
         pod = self._pods.get(key)
         if pod is None:
             return

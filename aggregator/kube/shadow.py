@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import asyncio
 
+from aggregator.decision.override import OverrideChange
+from aggregator.decision.shadow import WouldBeWrites
+from aggregator.decision.tracker import StateChange
+from aggregator.decision.write_rule import WriteKind
 from aggregator.kube.writer import PodCopies
-from aggregator.override import OverrideChange
-from aggregator.shadow import WouldBeWrites
-from aggregator.tracker import StateChange
-from aggregator.write_rule import WriteKind
 from servehealth_common.pod_identity import PodInfo, PodKey
 
 

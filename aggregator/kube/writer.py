@@ -1,8 +1,8 @@
 """Keeps each pod's serve label (and, in condition mode, its readiness condition) equal to
 what the core wants, with as few API writes as possible and through any API trouble.
 
-- A write happens only when :func:`aggregator.write_rule.write_needed` says so, checked again
-  just before each request (the pod may have changed while the write waited).
+- A write happens only when :func:`aggregator.decision.write_rule.write_needed` says so, checked
+  again just before each request (the pod may have changed while the write waited).
 - Per target (pod, kind) at most one write is in flight; a newer wanted value replaces a queued
   one, and a value that became true again before its write is dropped unwritten.
 - Every request takes a token from one client-side bucket (``qps``/``burst``): the Python client
@@ -25,9 +25,9 @@ from typing import Any, Protocol
 
 from aiolimiter import AsyncLimiter
 
+from aggregator.decision.write_rule import WriteKind, condition_fields, write_needed
 from aggregator.kube.api import KubeApi
 from aggregator.metrics import Metrics
-from aggregator.write_rule import WriteKind, condition_fields, write_needed
 from servehealth_common import fallback_marks
 from servehealth_common.kube.errors import APIConflictError, APIError, APINotFoundError
 from servehealth_common.pod_identity import PodKey

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 
-from aggregator.report_service import STANDBY_MESSAGE
+from aggregator.ingest.report_service import STANDBY_MESSAGE
 from aggregator.server import Aggregator
 from node_agent.agent import Agent
 from node_agent.flags import AgentFlags
@@ -25,7 +25,7 @@ from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
 from servehealth_common.pod_identity import PodKey
 from servehealth_common.probe import Prober, make_session
 from tests.conftest import StartAggregator, eventually, running
-from tests.fakes import FakeServeProxy, refused_port
+from testsupport.fakes import FakeServeProxy, refused_port
 
 IDENTITY = SidecarPod("ns", "pod-a", "uid-1", "node-1")
 KEY = PodKey("ns", "pod-a")
@@ -45,6 +45,7 @@ class Standby(pb_grpc.ReportServiceServicer):
 
     async def Report(self, request_iterator: object, context: grpc.aio.ServicerContext) -> None:
         self.streams += 1
+        await context.read()  # the hello first, as the aggregator does (ReportService._hello_sent)
         await context.abort(grpc.StatusCode.UNAVAILABLE, STANDBY_MESSAGE)
 
 

@@ -29,8 +29,8 @@ import pytest
 from aiohttp import web
 from google.protobuf.duration_pb2 import Duration
 
+from aggregator.decision.tracker import PodRecord
 from aggregator.flags import AggregatorFlags
-from aggregator.tracker import PodRecord
 from node_agent.agent import Agent
 from node_agent.flags import AgentFlags
 from node_agent.identity import REQUIRED, MissingIdentity, SidecarPod
@@ -40,9 +40,9 @@ from servehealth_common.http import HTTPClient
 from servehealth_common.pod_identity import PodKey
 from servehealth_common.probe import Prober, ProbeResult, make_session
 from servehealth_common.states import ServeState
-from tests import fakes
 from tests.conftest import StartAggregator, eventually, running
-from tests.fakes import FakeServeProxy, refused_port
+from testsupport import fakes
+from testsupport.fakes import FakeServeProxy, refused_port
 
 IDENTITY_ENV = {
     "POD_NAMESPACE": "ns",

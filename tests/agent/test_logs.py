@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from tests.fakes import FakeServeProxy
-from tests.processes import StderrLines
+from testsupport.fakes import FakeServeProxy
+from testsupport.processes import StderrLines
 
 DRAINED = "This node is being drained."
 FORGED_TAIL = "\n2026-12-01 10:00:00,000 INFO node_agent: FORGED LINE \x1b[31m"
@@ -109,7 +109,8 @@ async def test_a_forged_503_body_stays_in_one_record_in_both_logs(
         f"{ESCAPED_TAIL})"
     )
     assert transition.rstrip("\n").endswith(
-        "INFO aggregator.core: pod ns/pod-a: UNKNOWN -> DRAINING (source push, label false): "
+        "INFO aggregator.decision.core: pod ns/pod-a: UNKNOWN -> DRAINING "
+        "(source push, label false): "
         f"{DRAINED}{ESCAPED_TAIL}"
     )
     for output, expected in ((await agent.stop(), probed), (await aggregator.stop(), transition)):

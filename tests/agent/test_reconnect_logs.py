@@ -28,7 +28,7 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 
-from aggregator.report_service import STANDBY_MESSAGE
+from aggregator.ingest.report_service import STANDBY_MESSAGE
 from node_agent.agent import Agent
 from node_agent.flags import AgentFlags
 from node_agent.identity import REQUIRED, SidecarPod
@@ -36,7 +36,7 @@ from node_agent.stream import AttemptLog
 from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
 from servehealth_common.probe import Prober, make_session
 from tests.conftest import FakeClock, StartAggregator, eventually, running
-from tests.fakes import FakeServeProxy, free_port, refused_port
+from testsupport.fakes import FakeServeProxy, free_port, refused_port
 
 IDENTITY = SidecarPod("ns", "pod-a", "uid-1", "node-1")
 STREAM_LOGGER = "node_agent.stream"
@@ -50,6 +50,10 @@ class Standby(pb_grpc.ReportServiceServicer):
 
     async def Report(self, request_iterator: object, context: grpc.aio.ServicerContext) -> None:
         self.streams += 1
+        # As the aggregator does (ReportService._hello_sent): the refusal after the hello has
+        # arrived. A status sent while the client still writes its hello ends its call
+        # INTERNAL "Internal error from Core" in gRPC's client, one time in hundreds.
+        await context.read()
         await context.abort(grpc.StatusCode.UNAVAILABLE, STANDBY_MESSAGE)
 
 

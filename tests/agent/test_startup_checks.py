@@ -2,7 +2,7 @@
 
 - an identity the aggregator could never accept (``POD_NAME=p-sigINT``): the namespace must be
   an RFC 1123 label and the pod name an RFC 1123 subdomain, by the aggregator's own rules
-  (``aggregator/wire.py``); the process exits 2 with one line instead of being refused by the
+  (``aggregator/ingest/wire.py``); the process exits 2 with one line instead of being refused by the
   aggregator every 2 s for ever;
 - an ``--aggregator`` address that is not HOST:PORT with a port 1-65535, in any place of a
   comma-separated list;
@@ -20,7 +20,7 @@ import sys
 
 import pytest
 
-from aggregator import wire
+from aggregator.ingest import wire
 from node_agent.flags import AgentFlags
 from node_agent.identity import REQUIRED, InvalidIdentity, SidecarPod
 from servehealth.v1 import servehealth_pb2 as pb

@@ -9,12 +9,12 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from aggregator.admission import peer_host
+from aggregator.ingest.admission import peer_host
 from aggregator.server import Aggregator
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
 from tests.conftest import StartAggregator
-from tests.messages import batch, open_node_stream, open_stream, read_until_error, report
+from testsupport.messages import batch, open_node_stream, open_stream, read_until_error, report
 
 SERVING = pb.SERVE_STATE_SERVING
 DRAINING = pb.SERVE_STATE_DRAINING

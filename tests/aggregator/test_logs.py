@@ -28,8 +28,8 @@ import pytest
 
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth_common.logs import JsonFormatter, setup
-from tests.messages import open_stream, report
-from tests.processes import StderrLines
+from testsupport.messages import open_stream, report
+from testsupport.processes import StderrLines
 
 LISTENING = re.compile(r"listening on 127\.0\.0\.1:(\d+)")
 
@@ -38,7 +38,9 @@ LISTENING = re.compile(r"listening on 127\.0\.0\.1:(\d+)")
 
 
 def record(message: str, *args: Any, **attributes: Any) -> logging.LogRecord:
-    made = logging.LogRecord("aggregator.core", logging.INFO, __file__, 1, message, args, None)
+    made = logging.LogRecord(
+        "aggregator.decision.core", logging.INFO, __file__, 1, message, args, None
+    )
     made.__dict__.update(attributes)
     return made
 
@@ -49,7 +51,7 @@ def test_json_line_has_time_level_logger_message_and_extra_fields() -> None:
     data = json.loads(line)
     assert data.pop("message") == "pod ns/a: up"
     assert data.pop("level") == "INFO"
-    assert data.pop("logger") == "aggregator.core"
+    assert data.pop("logger") == "aggregator.decision.core"
     time = datetime.datetime.fromisoformat(data.pop("time"))
     assert time.utcoffset() == datetime.timedelta(0)
     assert data == {"pod": "ns/a", "new": "SERVING"}  # nothing else of the LogRecord
@@ -160,7 +162,7 @@ async def test_json_logs_carry_the_transition_as_fields(
         "label": "true",
     }
     assert found["level"] == "INFO"
-    assert found["logger"] == "aggregator.core"
+    assert found["logger"] == "aggregator.decision.core"
     assert found["message"] == (
         "pod default/pod-a: UNKNOWN -> SERVING (source push, label true): success"
     )
@@ -181,7 +183,8 @@ async def test_text_logs_keep_one_line_per_transition(run_aggregator: Callable[.
         lambda line: "pod default/pod-a: UNKNOWN -> SERVING" in line and line
     )
     assert line.rstrip().endswith(
-        "INFO aggregator.core: pod default/pod-a: UNKNOWN -> SERVING (source push, label true): "
+        "INFO aggregator.decision.core: pod default/pod-a: UNKNOWN -> SERVING "
+        "(source push, label true): "
         "success"
     )
     rest = await process.stop()
@@ -223,7 +226,8 @@ async def test_a_hostile_reason_cannot_forge_a_text_line(
     forged = [line for line in lines if "FORGED LINE" in line]
     assert len(forged) == 1
     assert forged[0].endswith(
-        "INFO aggregator.core: pod default/pod-a: UNKNOWN -> SERVING (source push, label true): "
+        "INFO aggregator.decision.core: pod default/pod-a: UNKNOWN -> SERVING "
+        "(source push, label true): "
         "success\\n2026-12-01 10:00:00,000 INFO aggregator.core: FORGED LINE \\x1b[31m\\rX"
     )
     (huge,) = [line for line in lines if "-> UNHEALTHY" in line]
@@ -232,14 +236,3 @@ async def test_a_hostile_reason_cannot_forge_a_text_line(
     logged = last.rstrip("\n").split("(source push, label false): ", 1)[1]
     assert len(logged.encode()) <= 256
     assert logged == "🙂" * 63 + "..."
-
-
-async def test_the_deprecated_panic_settle_is_named_once_and_ignored(
-    run_aggregator: Callable[..., Any],
-) -> None:
-    process, _ = await run_aggregator("--panic-settle=1s")
-    warnings = [line for line in process.lines if "--panic-settle is deprecated" in line]
-    assert len(warnings) == 1, process.lines
-    assert " WARNING " in warnings[0]
-    rest = await process.stop()
-    assert process.process.returncode == 0, rest

@@ -21,13 +21,13 @@ from dataclasses import dataclass
 
 import pytest
 
+from aggregator.decision.tracker import StateChange
 from aggregator.server import Aggregator
-from aggregator.tracker import StateChange
 from servehealth_common.pod_identity import PodKey
 from servehealth_common.states import ServeState, Source
 from tests.conftest import StartAggregator, eventually
-from tests.fakes import HEALTHY, NOT_POPULATED, FakeServeProxy, refused_port
-from tests.kube.emulator import PODS, KubeEmulator
+from testsupport.fakes import HEALTHY, NOT_POPULATED, FakeServeProxy, refused_port
+from testsupport.kube.emulator import PODS, KubeEmulator
 
 NAMESPACE = "default"
 LABEL = "ray.io/serve"

@@ -19,12 +19,12 @@ import sys
 import grpc
 import pytest
 
-from aggregator.call_bookkeeping import LoggedOnce
+from aggregator.ingest.call_bookkeeping import LoggedOnce
 from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
 from tests.conftest import StartAggregator
-from tests.messages import hello, read_until_error
+from testsupport.messages import hello, read_until_error
 
-LOGGER = "aggregator.report_service"
+LOGGER = "aggregator.ingest.report_service"
 LISTENING = re.compile(r"listening on 127\.0\.0\.1:(\d+)")
 
 

@@ -9,8 +9,8 @@ import grpc
 import pytest
 from google.protobuf import duration_pb2
 
+from aggregator.decision.write_rule import WriteKind
 from aggregator.server import Aggregator
-from aggregator.write_rule import WriteKind
 from node_agent.agent import Agent
 from node_agent.flags import AgentFlags
 from node_agent.identity import SidecarPod
@@ -20,8 +20,8 @@ from servehealth_common.pod_identity import PodKey
 from servehealth_common.probe import Prober, make_session
 from servehealth_common.states import ServeState
 from tests.conftest import StartAggregator, eventually, metrics_port
-from tests.fakes import DRAINING, FakeServeProxy
-from tests.messages import hello, open_stream, report
+from testsupport.fakes import DRAINING, FakeServeProxy
+from testsupport.messages import hello, open_stream, report
 
 
 async def test_hello_gets_settings_then_reports_get_acks(

@@ -12,7 +12,7 @@ that nothing else in the code calls the API, and that each installation binds ex
   overlay): what every mode calls, plus the write of its mode only (label mode: pods patch;
   readiness-gate mode: pods/status patch, and no pods patch anywhere but its own namespace);
 - in the aggregator's own namespace (a Role): the Lease, and the leader label on its own pods
-  (the calls aggregator/kube/own_pods.py makes);
+  (the calls aggregator/leader/own_pods.py makes);
 - the DaemonSet agent: pods list and watch, cluster-wide or per Ray namespace (and its fallback
   writes, per mode: tests/deploy/test_agent_rbac.py).
 """
@@ -146,14 +146,14 @@ INSTALLS = {
 NAMESPACED = {"deploy/overlays/namespaced": ("ray",)}
 AGENT = "ray-serve-health-agent"
 # The leader label (--leader-label) on the aggregator's own pods: the calls of
-# aggregator/kube/own_pods.py, and pods get (the interface the Role was specified with).
-OWN_PODS = ROOT / "aggregator" / "kube" / "own_pods.py"
+# aggregator/leader/own_pods.py, and pods get (the interface the Role was specified with).
+OWN_PODS = ROOT / "aggregator" / "leader" / "own_pods.py"
 OWN_POD_VERBS_ALLOWED = {("", "pods", "get"), ("", "pods", "list"), ("", "pods", "patch")}
 ALL = "*"  # the scope of a ClusterRoleBinding
 
 
 def own_pod_calls() -> set[Permission]:
-    """Permissions of the ``self._api.<method>`` calls in aggregator/kube/own_pods.py."""
+    """Permissions of the ``self._api.<method>`` calls in aggregator/leader/own_pods.py."""
     methods = set(re.findall(r"self\._api\.(\w+)\(", OWN_PODS.read_text()))
     assert methods, "own_pods.py calls no API method"
     return set().union(*(CALLS[name] for name in methods))

@@ -13,7 +13,7 @@ import os
 import re
 from unittest import mock
 
-from aggregator.cleanup_agents import refusal
+from aggregator.cleanup.agents import refusal
 from aggregator.cli import parse
 from aggregator.fallback_settings import write_settings
 from aggregator.flags import AggregatorFlags

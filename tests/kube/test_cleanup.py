@@ -33,12 +33,12 @@ from typing import Any
 
 import pytest
 
-from aggregator.cleanup_rules import EXTRA_TAGS_ENV, RAY_SERVICE_ENV, UNINSTALLED_REASON
-from aggregator.kube.lease import KubeLeaseStore, lease_api
-from aggregator.leader import ElectionSettings, LeaderElector, micro_time
+from aggregator.cleanup.rules import EXTRA_TAGS_ENV, RAY_SERVICE_ENV, UNINSTALLED_REASON
+from aggregator.leader.elector import ElectionSettings, LeaderElector, micro_time
+from aggregator.leader.lease import KubeLeaseStore, lease_api
 from servehealth_common import fallback_marks as marks
 from tests.conftest import eventually
-from tests.kube.emulator import LEASES, PODS, KubeEmulator, make_pod
+from testsupport.kube.emulator import LEASES, PODS, KubeEmulator, make_pod
 
 COMMAND = str(Path(sys.executable).parent / "serve-health-cleanup")
 NS = "ray"

@@ -2,7 +2,7 @@
 aggregator processes (``python -m aggregator --leader-elect``) against one Kubernetes API
 emulator served over HTTP by this test, each with a pod of its own there, and real agents
 (in-process, real gRPC streams, real probes of a fake Serve proxy) that know only the
-aggregator's Service, emulated by ``tests/kube/service_router.py`` (Ready pods labelled
+aggregator's Service, emulated by ``testsupport/kube/service_router.py`` (Ready pods labelled
 ``ray-serve-health/leader=true``). Both replicas must be Ready, the Service must route to the
 leader alone and every agent must be on it; stale leader labels left on both pods are removed.
 SIGKILL the leader: the standby must take the Lease over (no sooner than a lease duration after
@@ -29,7 +29,7 @@ import grpc
 import pytest
 
 from aggregator.flags import AggregatorFlags
-from aggregator.kube.lease import NAMESPACE_FILE
+from aggregator.leader.lease import NAMESPACE_FILE
 from bench import failover
 from bench.failover import (
     LEADER_LABEL,
@@ -45,8 +45,8 @@ from bench.failover import (
 )
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
-from tests.fakes import FakeServeProxy, free_port
-from tests.kube.emulator import EVENTS, LEASES, PODS, ApiCall, KubeEmulator
+from testsupport.fakes import FakeServeProxy, free_port
+from testsupport.kube.emulator import EVENTS, LEASES, PODS, ApiCall, KubeEmulator
 
 LABEL = "ray.io/serve"
 PODS_COUNT = 4

@@ -19,13 +19,13 @@ from typing import Any
 import pytest
 
 from aggregator.kube.pods import fallback_mark
-from aggregator.leader import micro_time
+from aggregator.leader.elector import micro_time
 from servehealth_common import fallback_marks
 from servehealth_common.pod_identity import PodKey
 from servehealth_common.states import ServeState
 from tests.conftest import StartAggregator, eventually
-from tests.kube.emulator import LEASES, PODS, KubeEmulator
 from tests.kube.test_leader_election import ELECTION, NAME, NS, is_serving
+from testsupport.kube.emulator import LEASES, PODS, KubeEmulator
 
 CONDITION = "ray.io/serve-proxy-healthy"
 NOW = datetime.datetime.now(datetime.UTC)
@@ -93,7 +93,7 @@ async def test_pods_agents_wrote_after_the_last_renewal_are_counted_and_not_writ
         },
     )
     mark = kube_emulator.checkpoint()
-    with caplog.at_level(logging.WARNING, logger="aggregator.fallback_found"):
+    with caplog.at_level(logging.WARNING, logger="aggregator.leader.fallback_found"):
         aggregator = await start_kube(mode="condition", condition_type=CONDITION, **ELECTION)
         await eventually(is_serving(aggregator), timeout=10)
     assert aggregator.metrics.registry.get_sample_value("serve_health_agent_fallback_pods") == 2

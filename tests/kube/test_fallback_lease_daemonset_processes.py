@@ -23,11 +23,11 @@ from pathlib import Path
 
 import pytest
 
-from aggregator.leader import micro_time, utc_now
-from bench import harness
+from aggregator.leader.elector import micro_time, utc_now
 from tests.conftest import eventually
-from tests.fakes import refused_port
-from tests.kube.agent_processes import (
+from testsupport import harness
+from testsupport.fakes import refused_port
+from testsupport.kube.agent_processes import (
     AGENT_ARGS,
     FAILING,
     FALLBACK_AFTER,
@@ -43,7 +43,7 @@ from tests.kube.agent_processes import (
     stop_all,
     writes_by,
 )
-from tests.kube.emulator import LEASES, KubeEmulator
+from testsupport.kube.emulator import LEASES, KubeEmulator
 
 #: The Lease the test renews: its duration, and how often it is renewed (well within it, so
 #: that a busy test loop does not let it lapse).

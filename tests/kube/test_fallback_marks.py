@@ -18,13 +18,13 @@ from typing import Any
 
 import pytest
 
-from aggregator.leader import micro_time
+from aggregator.leader.elector import micro_time
 from aggregator.server import Aggregator
 from servehealth_common import fallback_marks
 from tests.conftest import StartAggregator, eventually
-from tests.fakes import FakeServeProxy
-from tests.kube.emulator import LEASES, PODS, KubeEmulator
 from tests.kube.test_leader_election import ELECTION, NAME, NS, is_serving
+from testsupport.fakes import FakeServeProxy
+from testsupport.kube.emulator import LEASES, PODS, KubeEmulator
 
 LABEL = "ray.io/serve"
 CONDITION = "ray.io/serve-proxy-healthy"

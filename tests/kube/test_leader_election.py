@@ -24,15 +24,21 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from aggregator.kube.lease import KubeLeaseStore, lease_api
-from aggregator.leader import ElectionSettings, LeaderElector, LeaseRecord, micro_time, utc_now
-from aggregator.report_service import STANDBY_MESSAGE
+from aggregator.ingest.report_service import STANDBY_MESSAGE
+from aggregator.leader.elector import (
+    ElectionSettings,
+    LeaderElector,
+    LeaseRecord,
+    micro_time,
+    utc_now,
+)
+from aggregator.leader.lease import KubeLeaseStore, lease_api
 from aggregator.server import LIVENESS, Aggregator
 from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
 from servehealth_common.kube.errors import APIConflictError
 from tests.conftest import StartAggregator, eventually
-from tests.kube.emulator import LEASES, PODS, ApiCall, KubeEmulator
-from tests.messages import hello
+from testsupport.kube.emulator import LEASES, PODS, ApiCall, KubeEmulator
+from testsupport.messages import hello
 
 NS = "ray-serve-health"
 NAME = "ray-serve-health-aggregator"

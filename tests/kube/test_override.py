@@ -17,15 +17,15 @@ from typing import Any
 import grpc
 import pytest
 
-from aggregator.override import ANNOTATION
+from aggregator.decision.override import ANNOTATION
 from aggregator.server import Aggregator
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
 from servehealth_common.pod_identity import PodKey
 from servehealth_common.states import ServeState
 from tests.conftest import StartAggregator, eventually
-from tests.fakes import DRAINING, FakeServeProxy
-from tests.kube.emulator import DEFAULT_POD_LABELS, KubeEmulator
+from testsupport.fakes import DRAINING, FakeServeProxy
+from testsupport.kube.emulator import DEFAULT_POD_LABELS, KubeEmulator
 
 GATE = "ray.io/serve-ready"
 MODES = ["label", "condition", "both"]

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import grpc
 
-from aggregator.override import ANNOTATION
+from aggregator.decision.override import ANNOTATION
 from aggregator.server import Aggregator
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
 from servehealth_common.pod_identity import PodKey
 from tests.conftest import StartAggregator, eventually
-from tests.kube.emulator import KubeEmulator
-from tests.messages import batch, hello, node_hello, report
+from testsupport.kube.emulator import KubeEmulator
+from testsupport.messages import batch, hello, node_hello, report
 
 GATE = "ray.io/serve-proxy-healthy"
 KEY = PodKey("default", "pod-a")

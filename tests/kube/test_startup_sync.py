@@ -34,17 +34,17 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from aggregator.flags import AggregatorFlags
+from aggregator.ingest.report_service import STARTING_MESSAGE
 from aggregator.lifecycle import Phase
-from aggregator.report_service import STARTING_MESSAGE
 from aggregator.server import LIVENESS, SERVICE_NAMES, Aggregator
 from aggregator.wiring import build_aggregator
 from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
 from servehealth_common.pod_identity import PodKey
 from tests.conftest import eventually
-from tests.fakes import free_port, refused_port
-from tests.kube.emulator import LEASES, PODS, KubeEmulator
-from tests.messages import open_stream
-from tests.processes import StderrLines
+from testsupport.fakes import free_port, refused_port
+from testsupport.kube.emulator import LEASES, PODS, KubeEmulator
+from testsupport.messages import open_stream
+from testsupport.processes import StderrLines
 
 NS = "ray"
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -291,7 +291,7 @@ def lease_lines(caplog: pytest.LogCaptureFixture, level: int) -> list[str]:
         record.getMessage()
         for record in caplog.records
         if record.levelno == level
-        and record.name == "aggregator.leader"
+        and record.name == "aggregator.leader.elector"
         and "lease ray-serve-health/" in record.getMessage()
     ]
 

@@ -39,13 +39,13 @@ from typing import Any
 
 import pytest
 
-from aggregator.cleanup_rules import UNINSTALLED_REASON
-from bench import harness
+from aggregator.cleanup.rules import UNINSTALLED_REASON
 from servehealth_common import fallback_marks as marks
 from tests.conftest import eventually
 from tests.deploy.manifests import environment, find, render
-from tests.fakes import HEALTHY, FakeServeProxy
-from tests.kube.agent_processes import (
+from testsupport import harness
+from testsupport.fakes import HEALTHY, FakeServeProxy
+from testsupport.kube.agent_processes import (
     AGENT_ARGS,
     FAILING,
     FALLBACK_AFTER,
@@ -64,7 +64,7 @@ from tests.kube.agent_processes import (
     stop_all,
     user_agent,
 )
-from tests.kube.emulator import PODS, KubeEmulator
+from testsupport.kube.emulator import PODS, KubeEmulator
 
 COMMAND = str(Path(sys.executable).parent / "serve-health-cleanup")
 OVERLAY = "deploy/overlays/readiness-gate-mode"

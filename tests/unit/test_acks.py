@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
+from aggregator.ingest.rate_limit import StreamRateLimit
+from aggregator.ingest.report_stream import ReportStream
 from aggregator.metrics import Metrics
-from aggregator.rate_limit import StreamRateLimit
-from aggregator.report_stream import ReportStream
 
 
 def stream(on_change: bool, ack_every: int = 10) -> ReportStream:

@@ -1,12 +1,13 @@
-"""Admission rules alone (``aggregator.admission``): streams per client address, unknown pods,
-node binding and pods per stream, each as an outcome (the gRPC mapping is tested through real
+"""Admission rules alone (``aggregator.ingest.admission``): streams per client address, unknown
+pods, node binding and pods per stream, each as an outcome (the gRPC mapping is tested through real
 streams in tests/aggregator/test_limits.py and tests/kube/test_auth.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from aggregator.admission import (
+from aggregator.auth import PermissionDenied
+from aggregator.ingest.admission import (
     ADMITTED,
     Refusal,
     StreamsPerPeer,
@@ -14,8 +15,7 @@ from aggregator.admission import (
     peer_host,
     unknown_pod,
 )
-from aggregator.auth import PermissionDenied
-from aggregator.report_service import STATUS_OF
+from aggregator.ingest.report_service import STATUS_OF
 from servehealth_common.pod_identity import PodInfo, PodKey
 
 KEY = PodKey("ns", "pod-a")

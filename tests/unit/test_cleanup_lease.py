@@ -1,5 +1,5 @@
 """How ``serve-health-cleanup`` judges the aggregator's Lease and retries API calls
-(``aggregator/kube/cleanup.py``), on a fake clock: a Lease is live only if it is renewed while
+(``aggregator/cleanup/kube.py``), on a fake clock: a Lease is live only if it is renewed while
 watched for its duration (never judged by the time written in it); released, missing or stale
 Leases hold nothing back; retries are for 429/5xx/409 and transport errors only, ``attempt
 i/n``, honouring Retry-After, and give up after ``max_attempts``."""
@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 import pytest
 
-from aggregator.kube.cleanup import Retrier, live_holder
-from aggregator.leader import Lease, LeaseRecord
+from aggregator.cleanup.kube import Retrier, live_holder
+from aggregator.leader.elector import Lease, LeaseRecord
 from servehealth_common.kube.errors import (
     APIConflictError,
     APIError,

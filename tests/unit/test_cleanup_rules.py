@@ -1,4 +1,4 @@
-"""What ``serve-health-cleanup`` decides for each pod (``aggregator/cleanup_rules.py``), as a
+"""What ``serve-health-cleanup`` decides for each pod (``aggregator/cleanup/rules.py``), as a
 table: who created the pod (KubeRay's head tags, the RayService-only variable), its node type,
 what it carries, the mode and key, and the change (or none) that gives it back to KubeRay. Then
 the patch bodies each change is sent as."""
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from aggregator.cleanup_rules import (
+from aggregator.cleanup.rules import (
     EXTRA_TAGS_ENV,
     RAY_SERVICE_ENV,
     UNINSTALLED_MESSAGE,

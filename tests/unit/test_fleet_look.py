@@ -1,10 +1,10 @@
-"""The verdict of a look at the pods in service (aggregator/fleet_look.py), as a table."""
+"""The verdict of a look at the pods in service (aggregator/decision/fleet_look.py), as a table."""
 
 from __future__ import annotations
 
 import pytest
 
-from aggregator.fleet_look import LookTally, LookVerdict, Threshold
+from aggregator.decision.fleet_look import LookTally, LookVerdict, Threshold
 from servehealth_common.pod_identity import PodKey
 from servehealth_common.states import ServeState
 

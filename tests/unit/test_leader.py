@@ -1,7 +1,7 @@
-"""Leader election decisions (``aggregator/leader.py``), on a fake clock and an in-memory Lease
-store with resourceVersions: when a candidate acquires, when it waits, lost races (409), the
+"""Leader election decisions (``aggregator/leader/elector.py``), on a fake clock and an in-memory
+Lease store with resourceVersions: when a candidate acquires, when it waits, lost races (409), the
 renew deadline, release; plus the settings' validation and where the Lease's namespace and the
-candidate's identity come from (``aggregator/kube/lease.py``). No sleeps: the elector's sleep
+candidate's identity come from (``aggregator/leader/lease.py``). No sleeps: the elector's sleep
 advances the fake clock."""
 
 from __future__ import annotations
@@ -16,14 +16,20 @@ from typing import Any
 import pytest
 
 from aggregator.flags import AggregatorFlags
-from aggregator.kube.lease import (
+from aggregator.leader.elector import (
+    ElectionSettings,
+    LeaderElector,
+    Lease,
+    LeaseRecord,
+    micro_time,
+)
+from aggregator.leader.lease import (
     LeaderElectionConfigError,
     candidate_identity,
     lease_namespace,
     record_of,
     spec_of,
 )
-from aggregator.leader import ElectionSettings, LeaderElector, Lease, LeaseRecord, micro_time
 from node_agent.flags import AgentFlags
 from servehealth_common.kube.errors import APIConflictError, APIError, APIRetryableError
 from tests.conftest import FakeClock

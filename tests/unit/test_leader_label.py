@@ -1,4 +1,4 @@
-"""``aggregator.leader_label`` and ``lifecycle.not_ready``: the leader's label on its own pod.
+"""``aggregator.leader.label`` and ``lifecycle.not_ready``: the leader's label on its own pod.
 
 A fake :class:`OwnPods` (a dict of pod labels, failures queued per call) and a sleep that only
 records its delays, so retries take no time: a stale label cleared at start (and readiness
@@ -13,7 +13,7 @@ import random
 
 import pytest
 
-from aggregator.leader_label import LEADER, LeaderLabel, LeaderLabelSettings
+from aggregator.leader.label import LEADER, LeaderLabel, LeaderLabelSettings
 from aggregator.lifecycle import Phase, not_ready
 from servehealth_common.kube.errors import APIError, APIRetryableError
 

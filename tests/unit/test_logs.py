@@ -155,13 +155,13 @@ def test_setup_text_uses_the_escaping_formatter() -> None:
     stream = io.StringIO()
     try:
         setup("info", "text", stream)
-        logging.getLogger("aggregator.core").info("pod %s: %s", "ns/a", "up" + FORGED)
+        logging.getLogger("aggregator.decision.core").info("pod %s: %s", "ns/a", "up" + FORGED)
     finally:
         root.handlers[:] = saved
         root.setLevel(level)
     (line,) = stream.getvalue().splitlines()
     assert line.endswith(
-        "aggregator.core: pod ns/a: up\\n2026-12-01 10:00:00,000 INFO "
+        "aggregator.decision.core: pod ns/a: up\\n2026-12-01 10:00:00,000 INFO "
         "node_agent: FORGED LINE \\x1b[31m"
     )
 

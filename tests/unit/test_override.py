@@ -1,11 +1,11 @@
-"""The manual override (``aggregator/override.py``, pure): what an annotation means, what the pod
-then should carry, and which change of it is worth an Event."""
+"""The manual override (``aggregator/decision/override.py``, pure): what an annotation means, what
+the pod then should carry, and which change of it is worth an Event."""
 
 from __future__ import annotations
 
 import pytest
 
-from aggregator.override import (
+from aggregator.decision.override import (
     ANNOTATION,
     IN_SERVICE,
     NONE,

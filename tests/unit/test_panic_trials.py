@@ -1,7 +1,7 @@
 """Randomized trials of self-protection, on a simulated clock (issue 12).
 
-The real :class:`aggregator.core.Core` runs in the discrete-event simulation of
-:mod:`tests.simulation` with both programs' default settings. What each seed draws: the fleet
+The real :class:`aggregator.decision.core.Core` runs in the discrete-event simulation of
+:mod:`testsupport.simulation` with both programs' default settings. What each seed draws: the fleet
 size, the share that fails (at or above the threshold), the mix of pushed and agentless pods,
 every probe and pull phase, and the moments of failure.
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.simulation import (
+from testsupport.simulation import (
     ANSWER,
     DEFAULTS,
     PULL_INTERVAL,

@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
-from aggregator import wire
+from aggregator.ingest import wire
+from aggregator.ingest.rate_limit import StreamRateLimit
+from aggregator.ingest.report_stream import ReportStream
 from aggregator.kube.pod_view import pod_view
 from aggregator.kube.pods import parse_pod
 from aggregator.metrics import Metrics
-from aggregator.rate_limit import StreamRateLimit
 from aggregator.registry import MemoryRegistry, PodViewFacts
-from aggregator.report_stream import ReportStream
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth_common.pod_identity import PodKey
 

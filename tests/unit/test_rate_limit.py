@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from aggregator.rate_limit import StreamRateLimit
+from aggregator.ingest.rate_limit import StreamRateLimit
 from tests.conftest import FakeClock
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from aggregator.resync import MISSED_RESYNCS, ResyncSchedule, ResyncSettings, scale_factor
+from aggregator.decision.resync import MISSED_RESYNCS, ResyncSchedule, ResyncSettings, scale_factor
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,5 @@
-"""The Serve controller's view (aggregator/serve_view.py), pure: parsing a body captured from
-Ray 2.60, whether a proxy is meant at a pod, and what a NO_PROXY observation becomes."""
+"""The Serve controller's view (aggregator/decision/serve_view.py), pure: parsing a body captured
+from Ray 2.60, whether a proxy is meant at a pod, and what a NO_PROXY observation becomes."""
 
 from __future__ import annotations
 
@@ -9,11 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from aggregator.core import Core
-from aggregator.flags import AggregatorFlags
-from aggregator.fleet_look import OnLooked
-from aggregator.metrics import Metrics
-from aggregator.serve_view import (
+from aggregator.decision.core import Core
+from aggregator.decision.fleet_look import OnLooked
+from aggregator.decision.serve_view import (
     UNKNOWN,
     BadView,
     ProxyIntent,
@@ -23,9 +21,8 @@ from aggregator.serve_view import (
     proxy_meant,
     rejudged,
 )
-from aggregator.tracker import Observation, PodRecord, Tracker
-from aggregator.wiring import core_settings, tracker_settings
-from aggregator.write_rule import (
+from aggregator.decision.tracker import Observation, PodRecord, Tracker
+from aggregator.decision.write_rule import (
     NO_PROXY_BY_DESIGN,
     WriteKind,
     condition_fields,
@@ -33,10 +30,13 @@ from aggregator.write_rule import (
     condition_value,
     write_needed,
 )
+from aggregator.flags import AggregatorFlags
+from aggregator.metrics import Metrics
+from aggregator.wiring import core_settings, tracker_settings
 from servehealth_common.pod_identity import PodInfo, PodKey
 from servehealth_common.states import OBSERVABLE_STATES, ServeState, Source
 from tests.conftest import FakeClock
-from tests.simulation import RecordingRegistry
+from testsupport.simulation import RecordingRegistry
 
 CAPTURED = json.loads(
     (Path(__file__).parents[1] / "data" / "serve_applications_headonly.json").read_text()

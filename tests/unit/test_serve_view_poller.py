@@ -1,4 +1,4 @@
-"""The serve view poller (aggregator/serve_view_poller.py) with a scripted HTTP client: a
+"""The serve view poller (aggregator/pull/serve_view_poller.py) with a scripted HTTP client: a
 failing dashboard keeps the last view and is logged once per failure streak; the token file is
 read at each poll; and the HTTP client's request headers and larger body cap, on a real server."""
 
@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from aggregator.decision.serve_view import ServeView
 from aggregator.metrics import Metrics
-from aggregator.serve_view import ServeView
-from aggregator.serve_view_poller import ServeViewPoller, ServeViewSettings, dashboard_url
+from aggregator.pull.serve_view_poller import ServeViewPoller, ServeViewSettings, dashboard_url
 from servehealth_common.http import MAX_BODY_BYTES, HTTPClient, Response
 
 CAPTURED = (Path(__file__).parents[1] / "data" / "serve_applications_headonly.json").read_bytes()
@@ -74,7 +74,7 @@ async def test_a_failing_dashboard_keeps_the_last_view(caplog: pytest.LogCapture
     assert changes == [CLUSTER]
     await poller.poll_all()
     assert changes == [CLUSTER]
-    with caplog.at_level(logging.INFO, logger="aggregator.serve_view_poller"):
+    with caplog.at_level(logging.INFO, logger="aggregator.pull.serve_view_poller"):
         for _ in range(3):
             await poller.poll_all()
             assert poller.view(CLUSTER) == expected

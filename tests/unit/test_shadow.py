@@ -1,15 +1,15 @@
-"""aggregator.shadow (pure): what a pod carries against what would be written, as a direction
-of traffic in each mode; would-be writes counted once per new value; and --dry-run refusing
---leader-elect (it would have to write the Lease)."""
+"""aggregator.decision.shadow (pure): what a pod carries against what would be written, as a
+direction of traffic in each mode; would-be writes counted once per new value; and --dry-run
+refusing --leader-elect (it would have to write the Lease)."""
 
 from __future__ import annotations
 
 import pytest
 
 from aggregator.cli import parse
+from aggregator.decision.shadow import IN, OUT, WouldBeWrites, direction, shown, tally
+from aggregator.decision.write_rule import NO_PROXY_BY_DESIGN, WriteKind
 from aggregator.flags import AggregatorFlags
-from aggregator.shadow import IN, OUT, WouldBeWrites, direction, shown, tally
-from aggregator.write_rule import NO_PROXY_BY_DESIGN, WriteKind
 from servehealth_common.pod_identity import PodKey
 
 LABEL, CONDITION = WriteKind.LABEL, WriteKind.CONDITION

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from aggregator.tracker import Observation, Tracker, TrackerSettings
+from aggregator.decision.tracker import Observation, Tracker, TrackerSettings
 from servehealth_common.pod_identity import PodKey
 from servehealth_common.states import ServeState, Source
 from tests.conftest import FakeClock

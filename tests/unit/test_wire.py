@@ -1,12 +1,12 @@
-"""Every validation error of ``aggregator.wire`` (issue 12, point 5), each reached by a message
-an agent (or an attacker) could send, with the text the agent reads in its INVALID_ARGUMENT.
+"""Every validation error of ``aggregator.ingest.wire`` (issue 12, point 5), each reached by a
+message an agent (or an attacker) could send, with the text the agent reads in its INVALID_ARGUMENT.
 The same errors through a real stream: tests/aggregator/test_bad_input.py."""
 
 from __future__ import annotations
 
 import pytest
 
-from aggregator import wire
+from aggregator.ingest import wire
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth_common.pod_identity import PodKey
 from servehealth_common.states import ServeState

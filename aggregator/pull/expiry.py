@@ -12,7 +12,7 @@ log = logging.getLogger(__name__)
 
 class ExpiryLoop:
     def __init__(self, expire: Callable[[], None], interval: float) -> None:
-        #: One expiry pass (:meth:`aggregator.core.Core.expire`).
+        #: One expiry pass (:meth:`aggregator.decision.core.Core.expire`).
         self._expire = expire
         self._interval = interval
         self._task: asyncio.Task[None] | None = None

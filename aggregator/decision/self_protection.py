@@ -3,7 +3,8 @@ Service.
 
 A pod that turns UNHEALTHY or SILENT (a *suspect* failure: timeouts and silence are what a
 partitioned or overloaded aggregator would also see) does not leave service on its own word.
-The aggregator looks at a sample of the pods still in service (:mod:`aggregator.fleet_look`):
+The aggregator looks at a sample of the pods still in service
+(:mod:`aggregator.decision.fleet_look`):
 
 - **lone** (the failing pods stay below ``threshold`` of the tracked pods even if every probe
   still unanswered fails): the pod leaves service at once;
@@ -29,10 +30,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
-from aggregator.fleet_look import SUSPECT_BAD, Looker, LookTally, LookVerdict, Threshold
-from aggregator.held_writes import HeldWrites
+from aggregator.decision.fleet_look import SUSPECT_BAD, Looker, LookTally, LookVerdict, Threshold
+from aggregator.decision.held_writes import HeldWrites
+from aggregator.decision.tracker import PodRecord, StateChange
 from aggregator.metrics import Metrics
-from aggregator.tracker import PodRecord, StateChange
 from servehealth_common.pod_identity import PodKey
 from servehealth_common.states import ServeState
 

@@ -1,5 +1,5 @@
 """What ``serve-health-cleanup`` does to each pod once the aggregator is uninstalled: the pure
-decisions (no I/O; :mod:`aggregator.kube.cleanup` reads the pods and sends the patches).
+decisions (no I/O; :mod:`aggregator.cleanup.kube` reads the pods and sends the patches).
 
 What KubeRay expects (ray-project/kuberay, ``ray-operator/controllers/ray``, master at
 feeaf72, 2026-08-19):

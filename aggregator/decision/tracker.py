@@ -303,7 +303,7 @@ class Tracker:
         Only a change of side (serving or not) is held back by a threshold; an observation on
         the same side as the current state resets the streak. NO_PROXY_BY_DESIGN arrives here
         already judged: the core turns NO_PROXY into it where the Serve controller runs no
-        proxy (:func:`aggregator.serve_view.judge_no_proxy`).
+        proxy (:func:`aggregator.decision.serve_view.judge_no_proxy`).
         """
         current = record.state
         if observed is current:

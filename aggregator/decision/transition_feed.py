@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
-from aggregator.tracker import StateChange
+from aggregator.decision.tracker import StateChange
 
 #: Transitions buffered per watcher before a slow watcher is cut off.
 WATCH_QUEUE_SIZE = 1024

@@ -42,7 +42,7 @@ from typing import Any
 from servehealth_common import fallback_marks as marks
 from servehealth_common.pod_identity import PodKey
 
-#: The writer in a condition message of an agent (``node_agent.fallback_bodies``): "... written
+#: The writer in a condition message of an agent (``node_agent.fallback.bodies``): "... written
 #: by the agent <who> (<STATE>: <reason>)"; <who> may hold parentheses ("ns/pod (sidecar)").
 _WRITER = re.compile(r"written by the agent (.+) \([A-Z_]+: ")
 #: Pods named in a refusal, at most (then "and N more").

@@ -9,7 +9,7 @@ itself within one pull timeout, when the hung sample's probes time out.
 
 :class:`LookTally` is the pure half: the answers so far and the verdict they allow. The
 probing is the puller's (:class:`Looker`); acting on the verdict is
-:class:`aggregator.self_protection.SelfProtection`'s.
+:class:`aggregator.decision.self_protection.SelfProtection`'s.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ OnLooked = Callable[[PodKey, ServeState], None]
 
 
 class Looker(Protocol):
-    """What looking needs of the pull fallback (:class:`aggregator.puller.Puller`)."""
+    """What looking needs of the pull fallback (:class:`aggregator.pull.puller.Puller`)."""
 
     def can_pull(self, key: PodKey) -> bool: ...
 

@@ -15,14 +15,14 @@ from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequenc
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from aggregator.fleet_look import SUSPECT_BAD, OnLooked
+from aggregator.decision.fleet_look import SUSPECT_BAD, OnLooked
+from aggregator.decision.resync import ResyncSchedule, ResyncSettings
+from aggregator.decision.self_protection import ProtectionSettings, SelfProtection
+from aggregator.decision.serve_view import NO_PROXY_STATES, judged, rejudged
+from aggregator.decision.tracker import Observation, PodRecord, StateChange, Tracker
+from aggregator.decision.transition_feed import TransitionFeed
 from aggregator.metrics import Metrics
 from aggregator.registry import PodRegistry, PodViewFacts
-from aggregator.resync import ResyncSchedule, ResyncSettings
-from aggregator.self_protection import ProtectionSettings, SelfProtection
-from aggregator.serve_view import NO_PROXY_STATES, judged, rejudged
-from aggregator.tracker import Observation, PodRecord, StateChange, Tracker
-from aggregator.transition_feed import TransitionFeed
 from servehealth_common.pod_identity import PodInfo, PodKey
 from servehealth_common.states import ServeState, label_value
 
@@ -34,7 +34,7 @@ class NotAdmitted(Exception):
 
 
 class PullTrigger(Protocol):
-    """What the core asks of the pull fallback (:class:`aggregator.puller.Puller`)."""
+    """What the core asks of the pull fallback (:class:`aggregator.pull.puller.Puller`)."""
 
     def can_pull(self, key: PodKey) -> bool: ...
 
@@ -270,7 +270,7 @@ class Core:
 
     def proxy_views_changed(self, keys: Iterable[PodKey]) -> None:
         """The Serve controller's view of these pods' cluster changed: each is judged again
-        (:func:`~aggregator.serve_view.rejudged`), now rather than at its next report."""
+        (:func:`~aggregator.decision.serve_view.rejudged`), now rather than at its next report."""
         for key in keys:
             record = self._tracker.get(key)
             if record is None or record.state not in NO_PROXY_STATES:
@@ -390,7 +390,8 @@ class Core:
         )
 
     def watch(self, namespace: str = "") -> AsyncIterator[StateChange]:
-        """Every transition from now on (:class:`~aggregator.transition_feed.TransitionFeed`)."""
+        """Every transition from now on
+        (:class:`~aggregator.decision.transition_feed.TransitionFeed`)."""
         return self._feed.watch(namespace)
 
     def close_watchers(self) -> None:

@@ -1,5 +1,5 @@
 """``serve-health-cleanup`` on the Kubernetes API: read the Ray pods, look at the aggregator's
-Lease, and send the changes :mod:`aggregator.cleanup_rules` decides (or only print them, with
+Lease, and send the changes :mod:`aggregator.cleanup.rules` decides (or only print them, with
 ``--dry-run``).
 
 Every request goes through :class:`~aggregator.kube.api.KubeApi` (bounded thread pool, a
@@ -25,10 +25,10 @@ from typing import Any, TypeVar
 
 from aiolimiter import AsyncLimiter
 
-from aggregator.cleanup_rules import Change, CleanupRules, PodPlan, patch_of, plan
+from aggregator.cleanup.rules import Change, CleanupRules, PodPlan, patch_of, plan
 from aggregator.kube.api import KubeApi
 from aggregator.kube.writer import RETRY_BACKOFF, retry_delay
-from aggregator.leader import LeaseStore
+from aggregator.leader.elector import LeaseStore
 from servehealth_common.kube.errors import APIConflictError, APIError, APINotFoundError
 from servehealth_common.pod_identity import PodKey
 
@@ -128,8 +128,8 @@ async def live_holder(
 
     Nobody: no Lease, an empty holder (released, as the aggregator does on SIGTERM), or, with
     ``watch``, a record that did not change while watched for its ``leaseDurationSeconds``:
-    expiry is judged by observation, as :mod:`aggregator.leader`'s candidates do, never by the
-    ``renewTime`` written in it (clocks differ). Without ``watch``: whoever the Lease names.
+    expiry is judged by observation, as :mod:`aggregator.leader.elector`'s candidates do, never by
+    the ``renewTime`` written in it (clocks differ). Without ``watch``: whoever the Lease names.
     """
     lease = await retrier.call(store.get)
     if lease is None or not lease.record.holder:

@@ -10,7 +10,7 @@ can tell: the head's dashboard answers ``GET /api/serve/applications/`` with
 This module is pure: :func:`parse_view` turns that answer into a :class:`ServeView`,
 :func:`proxy_meant` answers "is a proxy meant to run at this pod IP?" (yes, no or unknown, with
 the evidence), and :func:`judge_no_proxy` decides what a NO_PROXY observation becomes. The
-polling is :mod:`aggregator.serve_view_poller`'s.
+polling is :mod:`aggregator.pull.serve_view_poller`'s.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from aggregator.tracker import Observation, PodRecord
+from aggregator.decision.tracker import Observation, PodRecord
 from servehealth_common.states import ServeState
 
 #: Proxy statuses of a proxy Serve keeps (``DRAINING``/``DRAINED``: Serve is removing it).

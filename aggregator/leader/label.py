@@ -15,7 +15,7 @@ The leader says it with a label instead, as Patroni and other primary/replica sy
 
 Each step retries, with capped jittered backoff, until it succeeds or is cancelled; a streak of
 failures is logged when it starts and when it ends. Nothing here imports the Kubernetes client:
-the pods are reached through :class:`OwnPods` (``aggregator/kube/own_pods.py``).
+the pods are reached through :class:`OwnPods` (``aggregator/leader/own_pods.py``).
 """
 
 from __future__ import annotations

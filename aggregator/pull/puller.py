@@ -22,9 +22,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from aggregator.fleet_look import OnLooked
+from aggregator.decision.fleet_look import OnLooked
+from aggregator.decision.tracker import Observation, PodRecord
 from aggregator.metrics import Metrics
-from aggregator.tracker import Observation, PodRecord
 from servehealth_common.grpc_healthz import GrpcHealthz
 from servehealth_common.http import HTTPClient
 from servehealth_common.kube.pods import grpc_address, healthz_url
@@ -33,7 +33,7 @@ from servehealth_common.probe import Prober, ProbeResult, make_session
 from servehealth_common.states import ServeState, Source
 
 if TYPE_CHECKING:
-    from aggregator.core import Core
+    from aggregator.decision.core import Core
 
 log = logging.getLogger(__name__)
 
@@ -113,8 +113,9 @@ class Puller:
         return started
 
     def look(self, keys: Sequence[PodKey], on_looked: OnLooked) -> Callable[[], None]:
-        """Probe each of ``keys`` at once for self-protection (:mod:`aggregator.fleet_look`);
-        a pod no agent speaks for counts as pulled too. Returns a canceller."""
+        """Probe each of ``keys`` at once for self-protection
+        (:mod:`aggregator.decision.fleet_look`); a pod no agent speaks for counts as pulled too.
+        Returns a canceller."""
         tasks: list[asyncio.Task[None]] = []
         for key in keys:
             task = asyncio.create_task(self._look_at(key, on_looked), name=f"look {key}")

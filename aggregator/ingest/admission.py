@@ -1,7 +1,7 @@
 """Who may open a Report stream and report for which pod: the rules, with no gRPC in them.
 
 Each rule returns an :class:`Outcome`; the servicer maps a refusal to its gRPC status
-(:data:`aggregator.report_service.STATUS_OF`), and a skipped report is counted, not refused.
+(:data:`aggregator.ingest.report_service.STATUS_OF`), and a skipped report is counted, not refused.
 
 - **Streams per client address** (``--max-streams-per-peer``): more are refused.
 - **Unknown pod**: a sidecar's pod must be known to the registry (refused otherwise: the agent

@@ -1,8 +1,8 @@
 """One agent's Report stream after its hello: its pods, its node binding, its budget, its acks.
 
 The servicer makes one per stream and hands it each validated report; this object applies the
-admission rules (:mod:`aggregator.admission`), passes admitted reports to the core, counts the
-skipped ones, and says when an ack is due, and when a sidecar's pod is to be sent (its view
+admission rules (:mod:`aggregator.ingest.admission`), passes admitted reports to the core, counts
+the skipped ones, and says when an ack is due, and when a sidecar's pod is to be sent (its view
 changed). It knows nothing of gRPC.
 """
 
@@ -11,12 +11,19 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from aggregator.admission import ADMITTED, Outcome, Refusal, new_pod_on_stream, refused, unknown_pod
-from aggregator.core import Core, NotAdmitted
+from aggregator.decision.core import Core, NotAdmitted
+from aggregator.decision.tracker import Observation
+from aggregator.ingest.admission import (
+    ADMITTED,
+    Outcome,
+    Refusal,
+    new_pod_on_stream,
+    refused,
+    unknown_pod,
+)
+from aggregator.ingest.rate_limit import StreamRateLimit
 from aggregator.metrics import Metrics
-from aggregator.rate_limit import StreamRateLimit
 from aggregator.registry import PodViewFacts
-from aggregator.tracker import Observation
 from servehealth_common.pod_identity import PodKey
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """The writes PANIC holds, and what operators see of them.
 
-:class:`~aggregator.self_protection.SelfProtection` decides when a removal must be held; this
-module keeps the held pods and says so. PANIC, as operators see it (the log line,
+:class:`~aggregator.decision.self_protection.SelfProtection` decides when a removal must be held;
+this module keeps the held pods and says so. PANIC, as operators see it (the log line,
 ``serve_health_panic``, ``GetSummary.panic``), is *holding at least one write*, never a
 suspicion that held nothing, and always says how many writes it holds.
 """

@@ -3,8 +3,8 @@
 Every ``interval`` (and at once when a cluster's head appears or moves), one ``GET
 http://<head pod IP>:<dashboard port>/api/serve/applications/`` per cluster, all concurrently,
 each with a deadline, over the project's small HTTP client. The answer becomes a
-:class:`~aggregator.serve_view.ServeView` (the pure half); a view that differs from the last
-one is kept and announced (``on_change``), so that the pods of that cluster are judged again.
+:class:`~aggregator.decision.serve_view.ServeView` (the pure half); a view that differs from the
+last one is kept and announced (``on_change``), so that the pods of that cluster are judged again.
 
 A dashboard that fails (unreachable, 401 without the right token, a broken answer) keeps the
 last view it gave: a hiccup never makes a pod flap between NO_PROXY and NO_PROXY_BY_DESIGN. It
@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from aggregator.decision.serve_view import BadView, ServeView, parse_view
 from aggregator.metrics import Metrics
-from aggregator.serve_view import BadView, ServeView, parse_view
 from servehealth_common.http import HTTPClient, HTTPClientError
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 
 from aggregator.kube.pods import parse_time
-from aggregator.leader import LeaseRecord
+from aggregator.leader.elector import LeaseRecord
 from aggregator.metrics import Metrics
 from aggregator.registry import PodRegistry
 

@@ -12,8 +12,8 @@ from google.protobuf.duration_pb2 import Duration
 from google.protobuf.message import DecodeError
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from aggregator.decision.tracker import Observation, PodRecord, StateChange
 from aggregator.registry import PodViewFacts
-from aggregator.tracker import Observation, PodRecord, StateChange
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth_common.classify import truncate_reason
 from servehealth_common.pod_identity import PodInfo, PodKey

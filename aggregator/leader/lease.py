@@ -1,7 +1,7 @@
 """The leader election's Lease in the Kubernetes API, and where its name, namespace and the
 candidate's identity come from.
 
-:class:`KubeLeaseStore` is the thin adapter behind :class:`aggregator.leader.LeaderElector`:
+:class:`KubeLeaseStore` is the thin adapter behind :class:`aggregator.leader.elector.LeaderElector`:
 ``read``/``create``/``replace`` of one ``coordination.k8s.io/v1`` Lease through
 :class:`~aggregator.kube.api.KubeApi`, keeping what it last read or wrote so that a replace
 carries that resourceVersion (409 if someone wrote in between) and keeps the Lease's labels and
@@ -19,7 +19,7 @@ from typing import Any
 from kubernetes import client
 
 from aggregator.kube.api import KubeApi
-from aggregator.leader import ElectionSettings, LeaderElector, Lease, LeaseRecord
+from aggregator.leader.elector import ElectionSettings, LeaderElector, Lease, LeaseRecord
 from servehealth_common.kube.errors import APINotFoundError
 
 #: Where a pod finds its own namespace (the ServiceAccount's projected volume).

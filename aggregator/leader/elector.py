@@ -21,7 +21,7 @@ empty holder with ``leaseDurationSeconds: 1`` so that a standby takes over at on
 client-go's ``ReleaseOnCancel``; the caller must stop every guarded write before calling it.
 
 Nothing here imports the Kubernetes client: the Lease is reached through a :class:`LeaseStore`
-(``aggregator/kube/lease.py`` for the API, a dict in the unit tests).
+(``aggregator/leader/lease.py`` for the API, a dict in the unit tests).
 """
 
 from __future__ import annotations

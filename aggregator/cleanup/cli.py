@@ -3,7 +3,7 @@
 Uninstalling leaves what the aggregator wrote: workers at ``ray.io/serve=false`` for ever (KubeRay
 sets a worker's label only when it creates the pod), gated pods whose condition was False
 NotReady for ever. This command puts each pod back the way KubeRay expects it, as
-:mod:`aggregator.cleanup_rules` decides (its docstring has the table and the KubeRay sources),
+:mod:`aggregator.cleanup.rules` decides (its docstring has the table and the KubeRay sources),
 and prints every change and a summary line.
 
 Give it the aggregator's ``--mode``, ``--label-key``, ``--condition-type`` and
@@ -11,7 +11,7 @@ Give it the aggregator's ``--mode``, ``--label-key``, ``--condition-type`` and
 (exit 2), unless ``--force``, while the aggregator's leader-election Lease is held and renewed
 (a running aggregator would write everything back), and when agents in fallback wrote pods
 after the aggregator went away (they would write back what it changes:
-:mod:`aggregator.cleanup_agents`); after its changes it looks again, ``--verify-for``, for
+:mod:`aggregator.cleanup.agents`); after its changes it looks again, ``--verify-for``, for
 agents that wrote any pod since it started. Exit 0: nothing failed; 1: some pod could not be
 cleaned up, or agents wrote pods back (or the API did not answer); 2: refused, or a usage
 error.
@@ -27,25 +27,25 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
-from aggregator import cleanup_agents
-from aggregator.cleanup_rules import CleanupRules
-from aggregator.flags import AggregatorFlags
-from aggregator.kube.api import KubeApi
-from aggregator.kube.cleanup import (
+from aggregator.cleanup import agents as cleanup_agents
+from aggregator.cleanup.kube import (
     Cleaner,
     CleanupSettings,
     Retrier,
     last_renewal,
     live_holder,
 )
-from aggregator.kube.lease import KubeLeaseStore, LeaderElectionConfigError, lease_namespace
+from aggregator.cleanup.rules import CleanupRules
+from aggregator.flags import AggregatorFlags
+from aggregator.kube.api import KubeApi
+from aggregator.leader.lease import KubeLeaseStore, LeaderElectionConfigError, lease_namespace
 from servehealth_common import fallback_marks, logs, runtime
 from servehealth_common import flags as shared
 from servehealth_common.config import load, setting
 from servehealth_common.kube.client import NoKubeConfig, load_configuration
 from servehealth_common.kube.errors import APIError
 
-log = logging.getLogger("aggregator.cleanup")
+log = logging.getLogger("aggregator.cleanup.cli")
 
 PROG = "serve-health-cleanup"
 DESCRIPTION = (

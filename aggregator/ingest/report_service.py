@@ -2,9 +2,9 @@
 
 Per stream: refuse it if this replica does not serve reports, count it per client address,
 check its token (:mod:`aggregator.guard`), read its hello within ``--hello-timeout``, validate
-messages (:mod:`aggregator.wire`), and hand each report to the stream's
-:class:`~aggregator.report_stream.ReportStream`, which applies the admission rules and calls the
-core. Every refusal becomes a status through :data:`STATUS_OF`, and is logged once per client
+messages (:mod:`aggregator.ingest.wire`), and hand each report to the stream's
+:class:`~aggregator.ingest.report_stream.ReportStream`, which applies the admission rules and calls
+the core. Every refusal becomes a status through :data:`STATUS_OF`, and is logged once per client
 address and kind of refusal (:class:`LoggedOnce`; later ones at debug level).
 """
 
@@ -19,8 +19,10 @@ from typing import Any, NoReturn
 
 import grpc
 
-from aggregator import wire
-from aggregator.admission import (
+from aggregator.decision.core import Core, NotAdmitted
+from aggregator.guard import Guard
+from aggregator.ingest import wire
+from aggregator.ingest.admission import (
     AdmissionSettings,
     Outcome,
     Refusal,
@@ -29,13 +31,11 @@ from aggregator.admission import (
     refused,
     unknown_pod,
 )
-from aggregator.call_bookkeeping import CallsInFlight, LoggedOnce
-from aggregator.core import Core, NotAdmitted
-from aggregator.guard import Guard
+from aggregator.ingest.call_bookkeeping import CallsInFlight, LoggedOnce
+from aggregator.ingest.rate_limit import StreamRateLimit
+from aggregator.ingest.report_stream import ReportStream, ViewWaiters
 from aggregator.lifecycle import Phase
 from aggregator.metrics import Metrics
-from aggregator.rate_limit import StreamRateLimit
-from aggregator.report_stream import ReportStream, ViewWaiters
 from servehealth.v1 import servehealth_pb2 as pb
 
 log = logging.getLogger(__name__)

@@ -1,5 +1,5 @@
 """The pods of the aggregator's own namespace, for the leader label
-(:class:`aggregator.leader_label.OwnPods`): a JSON merge patch of one label, and a list by
+(:class:`aggregator.leader.label.OwnPods`): a JSON merge patch of one label, and a list by
 label. Through the leader election's client (its deadline, its two threads): these calls are
 rare (when leadership begins or ends), and a Role in the aggregator's namespace is all they need.
 """
@@ -10,7 +10,7 @@ import logging
 from collections.abc import Mapping
 
 from aggregator.kube.api import KubeApi
-from aggregator.leader_label import LeaderLabel, LeaderLabelSettings
+from aggregator.leader.label import LeaderLabel, LeaderLabelSettings
 from servehealth_common.pod_identity import PodKey
 
 log = logging.getLogger(__name__)
