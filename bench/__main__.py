@@ -41,7 +41,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import harness
+from testsupport import harness
 
 RESULTS = harness.REPO_ROOT / "bench" / "results"
 

@@ -30,8 +30,9 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import harness, procstat
-from tests.fakes import FakeGrpcServeProxy, FakeServeProxy
+from bench import procstat
+from testsupport import harness
+from testsupport.fakes import FakeGrpcServeProxy, FakeServeProxy
 
 OUTPUT = harness.REPO_ROOT / "bench" / "results" / "agent_footprint.json"
 #: The agent's log line with its endpoint's address (--metrics-listen).

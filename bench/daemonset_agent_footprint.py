@@ -1,7 +1,7 @@
 """DaemonSet agent footprint (issue 28, point 6: its memory request): one real
 ``serve-health-agent --mode daemonset`` with its endpoint on (``--metrics-listen``, scraped at
 every sample, as Prometheus and the kubelet would), on the Kubernetes API emulator
-(tests/kube/emulator.py), for the Ray pods of its node (``--pods``, each a real loopback HTTP
+(testsupport/kube/emulator.py), for the Ray pods of its node (``--pods``, each a real loopback HTTP
 proxy), in two phases:
 
 - connected: a real aggregator (Kubernetes backend, ``--leader-elect``) accepts its stream;
@@ -34,8 +34,9 @@ if __package__ in (None, ""):
 
 import kmock
 
-from bench import harness, procstat
-from tests.kube.agent_processes import (
+from bench import procstat
+from testsupport import harness
+from testsupport.kube.agent_processes import (
     AGENT_ARGS,
     FAILING,
     LABEL,
@@ -44,7 +45,7 @@ from tests.kube.agent_processes import (
     add_pod,
     leading_aggregator,
 )
-from tests.kube.emulator import KubeEmulator
+from testsupport.kube.emulator import KubeEmulator
 
 OUTPUT = harness.REPO_ROOT / "bench" / "results" / "daemonset_agent_footprint.json"
 _ENDPOINT = re.compile(r"serving /livez, /readyz and /metrics on (?P<address>\S+)")

@@ -35,9 +35,9 @@ if __package__ in (None, ""):
 
 import kmock
 
-from bench import harness
-from tests.fakes import HEALTHY, NO_REPLICAS, FakeServeProxy
-from tests.kube.emulator import KubeEmulator
+from testsupport import harness
+from testsupport.fakes import HEALTHY, NO_REPLICAS, FakeServeProxy
+from testsupport.kube.emulator import KubeEmulator
 
 OUTPUT = harness.REPO_ROOT / "bench" / "results" / "detection.json"
 LABEL = "ray.io/serve"

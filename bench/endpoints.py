@@ -2,13 +2,13 @@
 readiness probe and with the documented one (issue 27, point 4).
 
 Everything between our write and the traffic, on the Kubernetes API emulator of the tests, in
-this process: the emulator (``tests/kube/emulator.py``, kmock over real HTTP), a kubelet
-(``tests/kube/kubelet.py``: readiness probes on their real period, ``Ready`` and
+this process: the emulator (``testsupport/kube/emulator.py``, kmock over real HTTP), a kubelet
+(``testsupport/kube/kubelet.py``: readiness probes on their real period, ``Ready`` and
 ``ContainersReady`` from the probes and the readiness gates) and the EndpointSlice controller
-(``tests/kube/endpoints.py``). Each Ray pod has its own loopback address (127.0.0.x) with a fake
-Serve proxy (``tests/fakes.py::FakeServeProxy``) and a fake raylet agent
-(``tests/kube/probe_targets.py::FakeRayletAgent``) on it; the kubelet maps the pod's ports 8000
-and 52365 to them. The programs are real: one ``serve-health-aggregator`` process (kubernetes
+(``testsupport/kube/endpoints.py``). Each Ray pod has its own loopback address (127.0.0.x)
+with a fake Serve proxy (``testsupport/fakes.py::FakeServeProxy``) and a fake raylet agent
+(``testsupport/kube/probe_targets.py::FakeRayletAgent``) on it; the kubelet maps the pod's ports
+8000 and 52365 to them. The programs are real: one ``serve-health-aggregator`` process (kubernetes
 backend on the emulator, ``--mode condition``, ``--agent-fallback on``, every other setting its
 default: PANIC at 50 % and 3 pods) and one DaemonSet ``serve-health-agent`` process for the node
 (``--agents sidecar``: one sidecar process per pod instead), at its default interval (750 ms)
@@ -25,7 +25,7 @@ Two probe variants, each a fresh emulator, aggregator and agent:
 
 - ``injected``: KubeRay 1.4+'s injected probe of a RayService worker (raylet check ``&&`` Serve
   proxy check, period 5 s, timeout 2 s, failureThreshold 1, initialDelaySeconds 10;
-  ``tests.kube.kubelet.kuberay_readiness_probe("1.4")``);
+  ``testsupport.kube.kubelet.kuberay_readiness_probe("1.4")``);
 - ``documented``: the probe of docs/install.md, "The kubelet's readiness probe" (the raylet
   check alone), read from that file as it is when the bench runs (``--documented-probe JSON``
   instead); the JSON result records the probe each variant ran.
@@ -98,14 +98,14 @@ import kmock
 import yaml
 from aiohttp import web
 
-from bench import harness
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
-from tests.fakes import HEALTHY, NO_REPLICAS, FakeServeProxy, refused_port
-from tests.kube.emulator import PODS, KubeEmulator, make_pod
-from tests.kube.endpoints import EndpointSlices, serve_service_name
-from tests.kube.kubelet import Kubelet, kuberay_readiness_probe, probed_pod
-from tests.kube.probe_targets import RAYLET_DEAD, FakeRayletAgent
+from testsupport import harness
+from testsupport.fakes import HEALTHY, NO_REPLICAS, FakeServeProxy, refused_port
+from testsupport.kube.emulator import PODS, KubeEmulator, make_pod
+from testsupport.kube.endpoints import EndpointSlices, serve_service_name
+from testsupport.kube.kubelet import Kubelet, kuberay_readiness_probe, probed_pod
+from testsupport.kube.probe_targets import RAYLET_DEAD, FakeRayletAgent
 
 DEFAULT_OUTPUT = harness.REPO_ROOT / "bench" / "results" / "endpoints.json"
 INSTALL_DOC = harness.REPO_ROOT / "docs" / "install.md"

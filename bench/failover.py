@@ -2,12 +2,12 @@
 
 Two real aggregator processes (``python -m aggregator --leader-elect``, the default timings:
 lease 8 s, renew deadline 6 s, retry 1 s; lease 3 s, 2 s, 500 ms before issue 28) run against
-the Kubernetes API emulator of the tests (``tests/kube/emulator.py``, kmock over real HTTP,
+the Kubernetes API emulator of the tests (``testsupport/kube/emulator.py``, kmock over real HTTP,
 served by this process). The emulator
 holds ``--pods`` Ray pods, all labelled ``ray.io/serve=true``, whose pod IP and serve port point
 at one fake Serve proxy (healthy), and one pod per replica in the aggregator's namespace. One
 sidecar agent per Ray pod (real ``node_agent`` code, real gRPC streams, run in this process)
-connects through the aggregator's Service, emulated by ``tests/kube/service_router.py``: the
+connects through the aggregator's Service, emulated by ``testsupport/kube/service_router.py``: the
 pods labelled ``ray-serve-health/leader=true`` (the label the leader puts on its own pod) that
 are Ready (``/readyz``, probed every second as the Deployment's readiness probe does).
 
@@ -75,16 +75,17 @@ import kmock
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from aggregator.flags import AggregatorFlags
-from bench import api_latency, harness
+from bench import api_latency
 from node_agent.agent import Agent
 from node_agent.flags import AgentFlags
 from node_agent.identity import SidecarPod
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
 from servehealth_common.probe import Prober, make_session
-from tests.fakes import FakeServeProxy
-from tests.kube.emulator import EVENTS, LEASES, PODS, KubeEmulator
-from tests.kube.service_router import Backend, ServiceRouter
+from testsupport import harness
+from testsupport.fakes import FakeServeProxy
+from testsupport.kube.emulator import EVENTS, LEASES, PODS, KubeEmulator
+from testsupport.kube.service_router import Backend, ServiceRouter
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUTPUT = REPO_ROOT / "bench" / "results" / "failover.json"

@@ -44,10 +44,11 @@ if __package__ in (None, ""):
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from bench import halfopen, harness, procstat
+from bench import halfopen, procstat
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
 from servehealth_common.states import ServeState
+from testsupport import harness
 
 OUTPUT = harness.REPO_ROOT / "bench" / "results" / "flood.json"
 LIVE_POD = harness.PodIdentity(name="live-pod")

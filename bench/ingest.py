@@ -7,7 +7,7 @@ Processes on a 2-core machine:
   (a ``git worktree`` of an older commit: ``PYTHONPATH=PATH:PATH/proto``, ``cwd=PATH``), so that
   before and after are measured by this same bench. ``--aggregator-arg`` passes it a flag
   (repeatable); by default none: its keepalive and other defaults are what is measured.
-- the **Kubernetes API emulator** (tests/kube/emulator.py over real HTTP), pinned to core 1:
+- the **Kubernetes API emulator** (testsupport/kube/emulator.py over real HTTP), pinned to core 1:
   holds the N pods and timestamps every label PATCH on arrival;
 - the **load**: one or more processes (:mod:`bench.ingest_load`), pinned to core 1. Each agent
   is its own ``Report`` stream on its own gRPC channel, i.e. its own TCP connection, with the
@@ -71,11 +71,12 @@ if __package__ in (None, ""):
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from bench import harness, procstat
+from bench import procstat
 from bench.ingest_load import HEARTBEAT, NAMESPACE, ON_CHANGE, load_main
 from bench.ingest_result import Result, summarise, table
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
+from testsupport import harness
 
 OUTPUT = harness.REPO_ROOT / "bench" / "results" / "ingest.json"
 LABEL = "ray.io/serve"
@@ -102,7 +103,7 @@ def emulator_main(conn: Connection, kubeconfig: str, pin: bool) -> None:
 async def _emulator(conn: Connection, kubeconfig: str) -> None:
     import kmock
 
-    from tests.kube.emulator import DEFAULT_POD_LABELS, KubeEmulator
+    from testsupport.kube.emulator import DEFAULT_POD_LABELS, KubeEmulator
 
     loop = asyncio.get_running_loop()
     lags: list[tuple[float, float]] = []  # (when, how late a 100 ms sleep woke up)

@@ -1,7 +1,7 @@
 """How many Kubernetes API writes does the aggregator make, and how fast can it make them?
 
 Everything runs in one process on 127.0.0.1: the Kubernetes API emulator of the tests
-(``tests/kube/emulator.py``, kmock over real HTTP), an in-process aggregator with the
+(``testsupport/kube/emulator.py``, kmock over real HTTP), an in-process aggregator with the
 ``kubernetes`` backend pointed at it through a kubeconfig, and one DaemonSet-mode report stream
 over gRPC that speaks for every pod. Writes are counted where an API server would count them:
 PATCH requests arriving at the emulator. Three scenarios, each with a fresh emulator and
@@ -61,8 +61,8 @@ from aggregator.kube.registry import KubeRegistry
 from aggregator.server import Aggregator
 from aggregator.wiring import build_aggregator
 from servehealth_common.states import ServeState
-from tests.kube.emulator import PODS, ApiCall, KubeEmulator, peak_count
-from tests.messages import batch, open_node_stream
+from testsupport.kube.emulator import PODS, ApiCall, KubeEmulator, peak_count
+from testsupport.messages import batch, open_node_stream
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUTPUT = REPO_ROOT / "bench" / "results" / "kube_writes.json"

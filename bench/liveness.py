@@ -102,12 +102,13 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 import grpc
 import kmock
 
-from bench import harness, ingest, ingest_result, procstat
+from bench import ingest, ingest_result, procstat
 from bench.ingest_load import NAMESPACE as LOAD_NAMESPACE
 from bench.relay import Relay
 from servehealth.v1 import servehealth_pb2 as pb
-from tests.fakes import HEALTHY, NO_REPLICAS, FakeServeProxy
-from tests.kube.emulator import KubeEmulator
+from testsupport import harness
+from testsupport.fakes import HEALTHY, NO_REPLICAS, FakeServeProxy
+from testsupport.kube.emulator import KubeEmulator
 
 OUTPUT = harness.REPO_ROOT / "bench" / "results" / "liveness.json"
 HOST = harness.HOST

@@ -1,6 +1,6 @@
 """Randomized trials of self-protection, many seeds: the figures behind issue 12's invariant.
 
-Runs the discrete-event simulation of ``tests/simulation.py`` (the real core, both programs'
+Runs the discrete-event simulation of ``testsupport/simulation.py`` (the real core, both programs'
 default settings, a simulated clock) over ``--seeds`` seeds of each scenario:
 
 - mass hang at once (6-60 pods, 50-100 % of them fail at the same moment, any mix of pushed and
@@ -30,8 +30,8 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import harness
-from tests.simulation import DEFAULTS, lone_bound, mass_at_once, mass_developing, one_hang
+from testsupport import harness
+from testsupport.simulation import DEFAULTS, lone_bound, mass_at_once, mass_developing, one_hang
 
 OUTPUT = harness.REPO_ROOT / "bench" / "results" / "panic_trials.json"
 

@@ -57,7 +57,8 @@ from typing import Any, TypeVar
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import harness, procstat
+from bench import procstat
+from testsupport import harness
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUTPUT = REPO_ROOT / "bench" / "results" / "pull_sweep.json"
@@ -102,8 +103,8 @@ async def serve_fleet(count: int, hung_every: int, workdir: Path, lifetime: floa
     """Start the proxies and the emulator, print where they are, serve until stdin closes."""
     import kmock
 
-    from tests.fakes import FakeServeProxy
-    from tests.kube.emulator import DEFAULT_POD_LABELS, KubeEmulator
+    from testsupport.fakes import FakeServeProxy
+    from testsupport.kube.emulator import DEFAULT_POD_LABELS, KubeEmulator
 
     loop = asyncio.get_running_loop()
     proxies = [FakeServeProxy(host=LOOPBACK, hang=is_hung(i, hung_every)) for i in range(count)]

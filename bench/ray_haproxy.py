@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from bench import harness
+from testsupport import harness
 
 PREFIX = "ray_haproxy: "
 #: How long one command may take in the child (serve.run waits for replicas; a drain reloads
@@ -94,7 +94,7 @@ def haproxy_environ(temp_dir: Path, binary: str) -> dict[str, str]:
         # made a delete take ~31 s here).
         "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "1",
         "RAY_USAGE_STATS_ENABLED": "0",
-        harness.RAY_WORKER_NICENESS: "0",  # see bench/harness.py
+        harness.RAY_WORKER_NICENESS: "0",  # see testsupport/harness.py
     }
 
 

@@ -37,8 +37,8 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import harness
 from servehealth_common.states import ServeState
+from testsupport import harness
 
 POLL_INTERVAL = 0.02
 #: Longest wait for one Ray call, for SERVING after a deploy, and for NO_PROXY after t0.

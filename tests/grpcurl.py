@@ -14,7 +14,7 @@ from pathlib import Path
 
 import grpc
 
-from tests.messages import open_stream, report
+from testsupport.messages import open_stream, report
 
 GRPCURL = Path(sys.executable).parent / "grpcurl"
 

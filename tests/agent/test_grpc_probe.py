@@ -24,9 +24,9 @@ from servehealth_common.grpc_healthz import GrpcHealthz
 from servehealth_common.http import HTTPClient
 from servehealth_common.probe import Prober, make_session
 from servehealth_common.states import ServeState
-from tests import fakes
 from tests.conftest import require_haproxy
-from tests.fakes import FakeGrpcServeProxy, FakeServeProxy, refused_port
+from testsupport import fakes
+from testsupport.fakes import FakeGrpcServeProxy, FakeServeProxy, refused_port
 
 DEADLINE = 0.5
 HANG_DEADLINE = 0.2

@@ -29,7 +29,7 @@ from servehealth_common.http import (
     parse_url,
 )
 from tests.conftest import eventually
-from tests.fakes import refused_port
+from testsupport.fakes import refused_port
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 7\r\n\r\nsuccess"
 

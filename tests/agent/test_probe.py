@@ -28,8 +28,8 @@ from aiohttp import web
 from servehealth_common.http import HTTPClient
 from servehealth_common.probe import MAX_BODY_BYTES, Prober, make_session, routes_url
 from servehealth_common.states import ServeState
-from tests import fakes
-from tests.fakes import FakeServeProxy, refused_port, silent_server
+from testsupport import fakes
+from testsupport.fakes import FakeServeProxy, refused_port, silent_server
 
 TIMEOUT = 5.0  # generous for a local server that answers, even on a loaded machine
 HANG_TIMEOUT = 0.2  # for servers that never answer: the timeout is what is tested

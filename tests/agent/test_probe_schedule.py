@@ -23,7 +23,7 @@ from servehealth_common.http import HTTPClient
 from servehealth_common.probe import Prober, ProbeResult, make_session
 from servehealth_common.states import ServeState
 from tests.conftest import FakeClock
-from tests.fakes import FakeServeProxy
+from testsupport.fakes import FakeServeProxy
 
 INTERVAL = 0.75
 #: How long each probe takes on the fake clock, in turn: short ones, one as long as the

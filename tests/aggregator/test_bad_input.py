@@ -8,7 +8,7 @@ import pytest
 from aggregator.server import Aggregator
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
-from tests.messages import hello, open_stream, pod_report, read_until_error, report
+from testsupport.messages import hello, open_stream, pod_report, read_until_error, report
 
 CASES = [
     pytest.param(

@@ -18,11 +18,12 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from bench import halfopen, harness, procstat
+from bench import halfopen, procstat
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
 from tests.conftest import eventually
-from tests.messages import hello, report
+from testsupport import harness
+from testsupport.messages import hello, report
 
 #: Connections of each kind in a flood: 6 kinds x 500 = 3,000 at once.
 PER_KIND = 500

@@ -10,8 +10,8 @@ import sys
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tests.fakes import free_port
-from tests.messages import open_stream, read_until_error, report
+from testsupport.fakes import free_port
+from testsupport.messages import open_stream, read_until_error, report
 
 
 async def test_sigterm_drains_and_exits_zero() -> None:

@@ -10,7 +10,7 @@ import grpc
 from aggregator.server import Aggregator
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
-from tests.messages import hello, report
+from testsupport.messages import hello, report
 
 
 async def open_sidecar(

@@ -20,7 +20,7 @@ from aggregator.server import Aggregator
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
 from tests.conftest import StartAggregator
-from tests.messages import batch, hello, node_hello, open_stream, pod_report, report
+from testsupport.messages import batch, hello, node_hello, open_stream, pod_report, report
 
 SERVING = pb.SERVE_STATE_SERVING
 # Every example shares one aggregator and one good agent (that is the point: nothing a bad

@@ -27,8 +27,8 @@ from servehealth_common.pod_identity import PodKey
 from servehealth_common.probe import Prober, make_session
 from servehealth_common.states import ServeState
 from tests.conftest import StartAggregator, eventually
-from tests.fakes import FakeServeProxy
-from tests.messages import open_stream, report
+from testsupport.fakes import FakeServeProxy
+from testsupport.messages import open_stream, report
 
 
 @pytest.fixture(scope="module")

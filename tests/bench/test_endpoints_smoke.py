@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench import harness
+from testsupport import harness
 
 
 def test_endpoints_smoke(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench import harness
+from testsupport import harness
 
 
 def run(tmp_path: Path, module: str, *args: str) -> dict[str, object]:

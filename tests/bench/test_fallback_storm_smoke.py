@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench import harness
+from testsupport import harness
 
 
 def test_fallback_storm_smoke(tmp_path: Path) -> None:

@@ -21,10 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from bench import harness, ray_haproxy
+from bench import ray_haproxy
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth_common.states import ServeState
 from tests.conftest import require_haproxy
+from testsupport import harness
 
 
 @pytest.fixture(scope="session")

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from bench import harness
 from servehealth_common.classify import DRAINING_BODY
 from servehealth_common.states import ServeState
+from testsupport import harness
 
 STATE_DEADLINE = 5.0
 GRPC_POD = harness.PodIdentity(namespace="default", name="ray-head-grpc", node_name="node-e2e")

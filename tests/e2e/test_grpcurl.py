@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from grpc_health.v1 import health_pb2
 
-from bench import harness
 from servehealth.v1 import servehealth_pb2 as pb
 from tests import grpcurl as grpcurl_binary
+from testsupport import harness
 
 REPORT = pb.DESCRIPTOR.services_by_name["ReportService"].full_name
 INSPECTION = pb.DESCRIPTOR.services_by_name["InspectionService"].full_name

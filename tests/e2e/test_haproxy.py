@@ -28,11 +28,11 @@ from pathlib import Path
 import grpc
 import pytest
 
-from bench import harness
 from bench.ray_haproxy import RayHAProxy
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth_common.classify import DRAINING_BODY
 from servehealth_common.states import ServeState
+from testsupport import harness
 
 #: A step that HAProxy shows at once (a reload, a new backend): the agent's interval, its
 #: confirmation, the aggregator's two SERVING reports, with room for a loaded machine.

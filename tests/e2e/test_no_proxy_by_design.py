@@ -20,15 +20,15 @@ from pathlib import Path
 import grpc
 
 from aggregator.server import Aggregator
-from bench import harness
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
 from servehealth_common.pod_identity import PodKey
 from servehealth_common.states import ServeState
 from tests.conftest import StartAggregator, eventually
 from tests.kube import conftest as kube_fixtures
-from tests.kube.emulator import DEFAULT_POD_LABELS, KubeEmulator
-from tests.messages import open_stream, report
+from testsupport import harness
+from testsupport.kube.emulator import DEFAULT_POD_LABELS, KubeEmulator
+from testsupport.messages import open_stream, report
 
 # The API emulator's fixtures (tests/kube/conftest.py), for this module.
 kube_emulator = kube_fixtures.kube_emulator

@@ -10,10 +10,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from bench import harness
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth_common.classify import DRAINING_BODY
 from servehealth_common.states import ServeState
+from testsupport import harness
 
 #: Agent: probe every 1 s (+-10 %), confirm a failure 100 ms later. Aggregator: 2 SERVING
 #: reports (one at once, one at the next heartbeat ~1 s later) to come back into service.

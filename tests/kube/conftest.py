@@ -1,6 +1,7 @@
 """Fixtures for the Kubernetes side: the API emulator over real HTTP and official clients of it.
 
-- ``kube_emulator``: a running :class:`~tests.kube.emulator.KubeEmulator` (kmock) on 127.0.0.1.
+- ``kube_emulator``: a running :class:`~testsupport.kube.emulator.KubeEmulator` (kmock) on
+  127.0.0.1.
 - ``kube_api_client``: a ``kubernetes.client.ApiClient`` pointing at it (no auth).
 - ``core_v1``: ``kubernetes.client.CoreV1Api`` on that client.
 - ``kubeconfig_path``: a kubeconfig file pointing at it, for ``--kubeconfig PATH``.
@@ -21,7 +22,7 @@ import pytest
 
 from aggregator.server import Aggregator
 from tests.conftest import StartAggregator
-from tests.kube.emulator import KubeEmulator
+from testsupport.kube.emulator import KubeEmulator
 
 
 @pytest.fixture

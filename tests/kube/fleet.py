@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench import harness
-from tests.fakes import FakeServeProxy
+from testsupport import harness
+from testsupport.fakes import FakeServeProxy
 
 
 @dataclass

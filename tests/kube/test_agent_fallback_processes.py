@@ -32,13 +32,13 @@ from typing import Any
 import grpc
 import pytest
 
-from bench import harness
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
 from servehealth_common import fallback_marks as marks
 from tests.conftest import eventually
-from tests.fakes import HEALTHY, FakeServeProxy, refused_port
-from tests.kube.agent_processes import (
+from testsupport import harness
+from testsupport.fakes import HEALTHY, FakeServeProxy, refused_port
+from testsupport.kube.agent_processes import (
     AGENT_ARGS,
     AGENT_UA,
     FAILING,
@@ -52,7 +52,7 @@ from tests.kube.agent_processes import (
     user_agent,
     writes_by,
 )
-from tests.kube.emulator import KubeEmulator
+from testsupport.kube.emulator import KubeEmulator
 
 ENDPOINT = re.compile(r"serving /livez, /readyz and /metrics on [^:\s]+:(\d+)")
 FALLBACK_SECONDS = "serve_health_agent_fallback_seconds"
@@ -316,9 +316,9 @@ class CraftedAggregator(pb_grpc.ReportServiceServicer):
 
     async def Report(self, requests: Any, context: grpc.aio.ServicerContext) -> Any:
         self.streams += 1
+        await anext(aiter(requests))  # the hello (before any refusal: ReportService._hello_sent)
         if self.streams > 1:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "not today")
-        await anext(aiter(requests))  # the hello
         settings = pb.AgentSettings(writes=self.writes)
         settings.resync_interval.FromSeconds(30)
         yield pb.AggregatorMessage(settings=settings)

@@ -27,13 +27,12 @@ from pathlib import Path
 
 import pytest
 
-from bench import harness
 from node_agent.watchdog import EXIT_STALLED
 from servehealth.v1 import servehealth_pb2 as pb
-from tests import fakes
 from tests.conftest import eventually
-from tests.fakes import FakeServeProxy
-from tests.kube.emulator import KubeEmulator
+from testsupport import fakes, harness
+from testsupport.fakes import FakeServeProxy
+from testsupport.kube.emulator import KubeEmulator
 
 LABEL = "ray.io/serve"
 #: The last commit of the agent before it reported on change (version 0.1.0).

@@ -17,8 +17,14 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import eventually
-from tests.kube.agent_processes import LABEL, ProxyPool, add_pod, leading_aggregator, lease_holder
-from tests.kube.emulator import KubeEmulator
+from testsupport.kube.agent_processes import (
+    LABEL,
+    ProxyPool,
+    add_pod,
+    leading_aggregator,
+    lease_holder,
+)
+from testsupport.kube.emulator import KubeEmulator
 
 WAIT = 90.0
 

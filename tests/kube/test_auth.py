@@ -42,9 +42,9 @@ from servehealth_common.probe import Prober, make_session
 from servehealth_common.states import ServeState
 from servehealth_common.tokens import TOKEN_EXPIRED
 from tests.conftest import StartAggregator, eventually, running
-from tests.fakes import FakeServeProxy
-from tests.kube.emulator import TOKENREVIEWS, KubeEmulator
-from tests.messages import SidecarCall, batch, hello, node_hello, read_until_error, report
+from testsupport.fakes import FakeServeProxy
+from testsupport.kube.emulator import TOKENREVIEWS, KubeEmulator
+from testsupport.messages import SidecarCall, batch, hello, node_hello, read_until_error, report
 
 SERVING = pb.SERVE_STATE_SERVING
 NODE_AGENT_SA = ("ops", "ray-serve-health-agent")
@@ -111,7 +111,8 @@ async def connect(
     channel: grpc.aio.Channel, message: pb.AgentMessage, token: str | None
 ) -> SidecarCall:
     """A Report stream that said ``message`` with ``token``; raises the refusal, if any. Its
-    ``read`` passes over the PodViews a sidecar is sent (:class:`~tests.messages.SidecarCall`)."""
+    ``read`` passes over the PodViews a sidecar is sent
+    (:class:`~testsupport.messages.SidecarCall`)."""
     call = pb_grpc.ReportServiceStub(channel).Report(metadata=bearer(token))
     await call.write(message)
     first = await asyncio.wait_for(call.read(), 10)

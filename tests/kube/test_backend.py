@@ -24,8 +24,8 @@ from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
 from servehealth_common.pod_identity import PodKey
 from servehealth_common.states import ServeState, Source
 from tests.conftest import FakeClock, StartAggregator, eventually
-from tests.kube.emulator import DEFAULT_POD_LABELS, KubeEmulator
-from tests.messages import (
+from testsupport.kube.emulator import DEFAULT_POD_LABELS, KubeEmulator
+from testsupport.messages import (
     batch,
     hello,
     open_node_stream,

@@ -1,6 +1,6 @@
 """The Kubernetes API emulator against the documented API semantics, through the official client.
 
-Covers every extension of kmock's emulator in ``tests/kube/emulator.py``: label and field
+Covers every extension of kmock's emulator in ``testsupport/kube/emulator.py``: label and field
 selectors, resourceVersion ordering, watches (resume from a resourceVersion, 410 Expired after
 compaction, selector transitions, timeouts, bookmarks, dropped connections), strategic/JSON merge
 and JSON patches of labels, the pod ``status`` subresource with conditions merged by type, 409 on
@@ -26,7 +26,7 @@ from kubernetes import watch
 from kubernetes.client import ApiException
 
 from servehealth_common.tokens import jwt_claims
-from tests.kube.emulator import (
+from testsupport.kube.emulator import (
     LEASES,
     POD_MERGE_KEYS,
     PODS,

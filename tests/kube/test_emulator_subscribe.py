@@ -1,9 +1,9 @@
 """``KubeEmulator.subscribe``: the in-process informer of the test-side controllers (the kubelet
-and the EndpointSlice controller, tests/kube/kubelet.py and tests/kube/endpoints.py)."""
+and the EndpointSlice controller, testsupport/kube/kubelet.py and testsupport/kube/endpoints.py)."""
 
 from __future__ import annotations
 
-from tests.kube.emulator import PODS, KubeEmulator
+from testsupport.kube.emulator import PODS, KubeEmulator
 
 
 async def test_every_committed_change_in_order_and_no_watch(kube_emulator: KubeEmulator) -> None:

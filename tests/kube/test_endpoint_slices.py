@@ -1,4 +1,4 @@
-"""The EndpointSlice emulation (tests/kube/endpoints.py) against the Kubernetes documentation:
+"""The EndpointSlice emulation (testsupport/kube/endpoints.py) against the Kubernetes documentation:
 
 - https://kubernetes.io/docs/concepts/services-networking/endpoint-slices/#conditions
   (``ready`` maps to the pod's Ready condition and is never true for a terminating pod;
@@ -19,16 +19,16 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.fakes import DRAINING, FakeServeProxy
-from tests.kube.emulator import DEFAULT_POD_LABELS, PODS, KubeEmulator
-from tests.kube.endpoints import (
+from testsupport.fakes import DRAINING, FakeServeProxy
+from testsupport.kube.emulator import DEFAULT_POD_LABELS, PODS, KubeEmulator
+from testsupport.kube.endpoints import (
     CONTROLLER_NAME,
     ENDPOINT_SLICES,
     EndpointSlices,
     serve_service_name,
 )
-from tests.kube.kubelet import FakeClock, Kubelet, kuberay_readiness_probe, probed_pod
-from tests.kube.probe_targets import RAYLET_DEAD, FakeRayletAgent
+from testsupport.kube.kubelet import FakeClock, Kubelet, kuberay_readiness_probe, probed_pod
+from testsupport.kube.probe_targets import RAYLET_DEAD, FakeRayletAgent
 
 pytestmark = pytest.mark.timeout(20)
 

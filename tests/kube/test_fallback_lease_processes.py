@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from bench import harness
 from tests.conftest import eventually
-from tests.fakes import HEALTHY
-from tests.kube.agent_processes import (
+from testsupport import harness
+from testsupport.fakes import HEALTHY
+from testsupport.kube.agent_processes import (
     FAILING,
     FALLBACK_AFTER,
     FALLBACK_BEGAN,
@@ -38,7 +38,7 @@ from tests.kube.agent_processes import (
     stop_all,
     writes_by,
 )
-from tests.kube.emulator import KubeEmulator
+from testsupport.kube.emulator import KubeEmulator
 
 LEASE = "default/ray-serve-health-aggregator"
 #: The agent is refused: its log says how.

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from bench import harness
 from tests.conftest import eventually
-from tests.fakes import refused_port
-from tests.kube.agent_processes import (
+from testsupport import harness
+from testsupport.fakes import refused_port
+from testsupport.kube.agent_processes import (
     FAILING,
     FALLBACK_AFTER,
     FALLBACK_BEGAN,
@@ -39,7 +39,7 @@ from tests.kube.agent_processes import (
     stop_all,
     writes_by,
 )
-from tests.kube.emulator import KubeEmulator
+from testsupport.kube.emulator import KubeEmulator
 
 NO_FALLBACK = "the aggregator allows no fallback writes by agents"
 

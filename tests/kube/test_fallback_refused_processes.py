@@ -33,9 +33,9 @@ from pathlib import Path
 
 import pytest
 
-from bench import harness
 from tests.conftest import eventually
-from tests.kube.agent_processes import (
+from testsupport import harness
+from testsupport.kube.agent_processes import (
     FAILING,
     FALLBACK_AFTER,
     LABEL,
@@ -53,7 +53,7 @@ from tests.kube.agent_processes import (
     stop_all,
     writes_by,
 )
-from tests.kube.emulator import API_AUDIENCE, KubeEmulator
+from testsupport.kube.emulator import API_AUDIENCE, KubeEmulator
 
 #: The aggregator's Lease: short, so that the story is; with room to renew on a loaded
 #: machine (a leader that misses its renew deadline gives its Lease up, and then the agent is

@@ -24,8 +24,8 @@ from aggregator.server import Aggregator
 from servehealth_common.pod_identity import PodKey
 from servehealth_common.states import ServeState
 from tests.conftest import StartAggregator, eventually
-from tests.kube.emulator import KubeEmulator
-from tests.messages import batch, open_node_stream, open_stream, report
+from testsupport.kube.emulator import KubeEmulator
+from testsupport.messages import batch, open_node_stream, open_stream, report
 
 SERVING = int(ServeState.SERVING)
 NOT_READY = int(ServeState.NOT_READY)

@@ -1,4 +1,4 @@
-"""The kubelet emulation (tests/kube/kubelet.py) against the Kubernetes documentation of
+"""The kubelet emulation (testsupport/kube/kubelet.py) against the Kubernetes documentation of
 readiness probes and readiness gates, with real servers on loopback and a fake clock:
 
 - https://kubernetes.io/docs/tasks/configure-pod-container/configure-liveness-readiness-startup-probes/
@@ -23,9 +23,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.fakes import DRAINING, HEALTHY, FakeServeProxy, refused_port, silent_server
-from tests.kube.emulator import PODS, KubeEmulator
-from tests.kube.kubelet import (
+from testsupport.fakes import DRAINING, HEALTHY, FakeServeProxy, refused_port, silent_server
+from testsupport.kube.emulator import PODS, KubeEmulator
+from testsupport.kube.kubelet import (
     KUBERAY_RELEASES,
     FakeClock,
     Kubelet,
@@ -35,7 +35,7 @@ from tests.kube.kubelet import (
     parse_exec,
     probed_pod,
 )
-from tests.kube.probe_targets import RAYLET_DEAD, FakeGrpcHealth, FakeRayletAgent
+from testsupport.kube.probe_targets import RAYLET_DEAD, FakeGrpcHealth, FakeRayletAgent
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -446,7 +446,7 @@ async def test_another_exec_command_fails_the_probe_and_says_why(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     kube = kube_emulator
-    caplog.set_level(logging.WARNING, logger="tests.kube.kubelet")
+    caplog.set_level(logging.WARNING, logger="testsupport.kube.kubelet")
     command = ["bash", "-c", "curl -sf http://localhost:8000/-/healthz"]
     add(kube, "a", {"exec": {"command": command}, "failureThreshold": 1})
     add(kube, "b", {"exec": {"command": ["bash", "-c", "wget -O- http://example.com/ | grep x"]}})

@@ -15,7 +15,7 @@ import pytest
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
 from tests.conftest import StartAggregator, eventually
-from tests.kube.emulator import DEFAULT_POD_LABELS, PODS, KubeEmulator, make_pod
+from testsupport.kube.emulator import DEFAULT_POD_LABELS, PODS, KubeEmulator, make_pod
 
 RAYLET = "wget -T 2 -q -O- http://localhost:52365/api/local_raylet_healthz | grep success"
 PROXY = "wget -T 2 -q -O- http://localhost:8000/-/healthz | grep success"

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from bench import harness
 from tests.conftest import eventually
-from tests.kube.agent_processes import (
+from testsupport import harness
+from testsupport.kube.agent_processes import (
     AGGREGATOR_UA,
     FAILING,
     FALLBACK_AFTER,
@@ -42,7 +42,7 @@ from tests.kube.agent_processes import (
     stop_all,
     user_agent,
 )
-from tests.kube.emulator import ApiCall, KubeEmulator
+from testsupport.kube.emulator import ApiCall, KubeEmulator
 
 #: A long Lease: an agent that waited it out after the stop would take this long to write.
 LEASE_SECONDS = 30

@@ -26,9 +26,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import eventually
-from tests.fakes import FakeServeProxy
-from tests.kube.emulator import KubeEmulator
 from tests.kube.fleet import fleet
+from testsupport.fakes import FakeServeProxy
+from testsupport.kube.emulator import KubeEmulator
 
 PODS = 12
 AGENTS = 4  # pods 0-3 have a sidecar agent; 4-11 are pulled

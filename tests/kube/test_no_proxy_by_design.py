@@ -27,8 +27,8 @@ from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
 from servehealth_common.pod_identity import PodKey
 from servehealth_common.states import ServeState
 from tests.conftest import StartAggregator, eventually
-from tests.kube.emulator import DEFAULT_POD_LABELS, KubeEmulator
-from tests.messages import open_stream, report
+from testsupport.kube.emulator import DEFAULT_POD_LABELS, KubeEmulator
+from testsupport.messages import open_stream, report
 
 HEADONLY = (Path(__file__).parents[1] / "data" / "serve_applications_headonly.json").read_bytes()
 TOKEN = "s3cret-token"

@@ -17,15 +17,21 @@ import grpc
 import pytest
 
 from aggregator.server import Aggregator
-from bench import harness
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth_common.pod_identity import PodKey
 from servehealth_common.states import ServeState, Source
 from tests import grpcurl
 from tests.conftest import StartAggregator, eventually
-from tests.fakes import DRAINING, GRPC_DRAINING, NOT_POPULATED, FakeGrpcServeProxy, FakeServeProxy
-from tests.kube.emulator import DEFAULT_POD_LABELS, KubeEmulator
-from tests.messages import open_stream, report
+from testsupport import harness
+from testsupport.fakes import (
+    DRAINING,
+    GRPC_DRAINING,
+    NOT_POPULATED,
+    FakeGrpcServeProxy,
+    FakeServeProxy,
+)
+from testsupport.kube.emulator import DEFAULT_POD_LABELS, KubeEmulator
+from testsupport.messages import open_stream, report
 
 TTL, PULL_TIMEOUT = 3.0, 0.5
 #: How long a test waits for the aggregator: only a hang takes this long (how long it does

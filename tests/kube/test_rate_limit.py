@@ -18,8 +18,8 @@ import grpc
 from aggregator.kube.registry import KubeRegistry
 from servehealth_common.states import ServeState
 from tests.conftest import StartAggregator, eventually
-from tests.kube.emulator import PODS, KubeEmulator, peak_count
-from tests.messages import batch, open_node_stream
+from testsupport.kube.emulator import PODS, KubeEmulator, peak_count
+from testsupport.messages import batch, open_node_stream
 
 PODS_COUNT = 2000
 QPS = 200

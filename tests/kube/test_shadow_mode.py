@@ -17,8 +17,8 @@ from aggregator.server import Aggregator
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
 from tests.conftest import StartAggregator, eventually
-from tests.kube.emulator import KubeEmulator
-from tests.messages import open_stream, report
+from testsupport.kube.emulator import KubeEmulator
+from testsupport.messages import open_stream, report
 
 GATE = "ray.io/serve-proxy-healthy"
 LABEL = "ray.io/serve"

@@ -16,9 +16,9 @@ import pytest
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
 from tests.conftest import eventually
-from tests.fakes import DRAINING, HEALTHY, FakeServeProxy
-from tests.kube.emulator import KubeEmulator
 from tests.kube.fleet import fleet
+from testsupport.fakes import DRAINING, HEALTHY, FakeServeProxy
+from testsupport.kube.emulator import KubeEmulator
 
 PODS = 9  # pod-8 appears later
 AGENTS = 4  # pods 0-3 have a sidecar agent; the others are pulled

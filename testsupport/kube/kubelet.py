@@ -2,7 +2,7 @@
 
 What a cluster adds between our write (a label, a readiness-gate condition) and the traffic:
 the kubelet runs each container's ``readinessProbe`` and writes the pod's ``ContainersReady``
-and ``Ready`` conditions; a Service routes only to Ready pods (tests/kube/endpoints.py).
+and ``Ready`` conditions; a Service routes only to Ready pods (testsupport/kube/endpoints.py).
 
 :class:`Kubelet` manages a set of pods (``pods=[(namespace, name), ...]``) and/or every pod on
 a node (``node="node-1"``), as they are now and as they come and go (it follows the emulator's
@@ -82,7 +82,7 @@ from typing import Any, Protocol
 import aiohttp
 import yarl
 
-from tests.kube.emulator import PODS, KubeEmulator, StoreChange, make_pod
+from testsupport.kube.emulator import PODS, KubeEmulator, StoreChange, make_pod
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ label the leader puts on its own pod) and, like every Service, only the Ready on
 - **readiness** (the kubelet): every ``probe_period`` the router GETs each replica's
   ``/readyz`` (plaintext HTTP on its metrics port, as the Deployment's probe does);
 - **selection** (the endpoints controller): at each new connection the router reads the pods of
-  the emulator (``tests/kube/emulator.py``) and keeps those whose labels match the selector;
+  the emulator (``testsupport/kube/emulator.py``) and keeps those whose labels match the selector;
 - **forwarding** (kube-proxy): a new TCP connection goes to one such endpoint at random, and
   stays there; with no endpoint it is closed at once (as a Service without endpoints rejects).
 
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from tests.kube.emulator import PODS, KubeEmulator
+from testsupport.kube.emulator import PODS, KubeEmulator
 
 HOST = "127.0.0.1"
 

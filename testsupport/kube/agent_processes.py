@@ -9,10 +9,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-from bench import harness
-from tests.conftest import eventually
-from tests.fakes import FakeServeProxy
-from tests.kube.emulator import ApiCall, KubeEmulator
+from testsupport import harness
+from testsupport.fakes import FakeServeProxy
+from testsupport.kube.emulator import ApiCall, KubeEmulator
+from testsupport.waiting import eventually
 
 GATE = "ray.io/serve-proxy-healthy"
 LABEL = "ray.io/serve"

@@ -63,7 +63,7 @@ docstring invites) adds it, following the documented API semantics
 - ``subscribe()``: every committed change, in process (not a watch), for the test-side
   controllers that add what a cluster puts between our write and the traffic:
 
-  - tests/kube/kubelet.py, a kubelet for chosen pods or a node: runs each container's
+  - testsupport/kube/kubelet.py, a kubelet for chosen pods or a node: runs each container's
     ``readinessProbe`` (``httpGet``, ``tcpSocket``, ``grpc``, and KubeRay's injected ``exec``
     ``wget ... | grep success`` chains, parsed, never run in a shell) against loopback servers
     on its period, with ``initialDelaySeconds``, ``timeoutSeconds`` and the failure/success
@@ -72,7 +72,7 @@ docstring invites) adds it, following the documented API semantics
     It does not run liveness or startup probes, restart containers, change a pod's phase,
     initialize it, assign its IP or run any other exec command (that probe fails, with a
     WARNING).
-  - tests/kube/endpoints.py, the EndpointSlice controller: Services (in the store) and their
+  - testsupport/kube/endpoints.py, the EndpointSlice controller: Services (in the store) and their
     EndpointSlices (pods that match the selector, ``ready``/``serving``/``terminating`` as
     Kubernetes sets them), so that a test asks "is this pod an endpoint of
     ``<rayservice>-serve-svc``". It does not split slices at 100 endpoints, add topology, serve
@@ -1017,7 +1017,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         self, resource: str | kmock.resource, namespace: str | None = None
     ) -> list[Mapping[str, Any]]:
         """The current objects of a resource as stored, not copied (in no order): a fast read
-        for in-process controllers (tests/kube/endpoints.py). Read them, never change them."""
+        for in-process controllers (testsupport/kube/endpoints.py). Read them, never change them."""
         resource = _as_resource(resource)
         return [
             obj.raw
@@ -1417,7 +1417,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
             },
         }
 
-    # ---- in-process subscribers (tests/kube/kubelet.py, tests/kube/endpoints.py) ---------------
+    # ---- in-process subscribers (testsupport/kube/kubelet.py, testsupport/kube/endpoints.py) ----
 
     def subscribe(self) -> asyncio.Queue[StoreChange]:
         """Every change committed from now on, in order, as :class:`StoreChange` items: an
@@ -1459,7 +1459,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         arrives, the store changes, or a watch opens or closes, so it must depend on the
         emulator only, e.g. ``lambda: len(kube.requests("PATCH")) >= 3`` or
         ``lambda: kube.pod_labels("ray", "a").get("ray.io/serve") == "false"``. For the
-        product's own state, poll with ``tests.conftest.eventually``.
+        product's own state, poll with ``testsupport.waiting.eventually``.
         """
         try:
             async with asyncio.timeout(within):

@@ -1,5 +1,5 @@
-"""Real servers on loopback for the kubelet emulation's probes (tests/kube/kubelet.py), beside
-:class:`tests.fakes.FakeServeProxy` (a Serve proxy's ``/-/healthz``):
+"""Real servers on loopback for the kubelet emulation's probes (testsupport/kube/kubelet.py), beside
+:class:`testsupport.fakes.FakeServeProxy` (a Serve proxy's ``/-/healthz``):
 
 - :class:`FakeRayletAgent`: a Ray dashboard agent's health endpoints, the ones KubeRay's
   injected probes call: ``/api/local_raylet_healthz`` (every release's wget probe) and

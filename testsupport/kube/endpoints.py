@@ -48,7 +48,7 @@ from typing import Any
 
 import kmock
 
-from tests.kube.emulator import PODS, KubeEmulator, StoreChange
+from testsupport.kube.emulator import PODS, KubeEmulator, StoreChange
 
 log = logging.getLogger(__name__)
 

@@ -1,9 +1,9 @@
-"""A discrete-event simulation of a fleet around the real :class:`aggregator.core.Core`.
+"""A discrete-event simulation of a fleet around the real :class:`aggregator.decision.core.Core`.
 
 Everything but the core is simulated, on one simulated clock: agents that probe their proxy on
 a start-to-start schedule with a random phase and report each result, agentless pods pulled
 every pull interval at a random phase, pulls of pods that go SILENT, looks at pods in service
-(:mod:`aggregator.fleet_look`), and the expiry loop. A hung proxy's probe (and its hedged
+(:mod:`aggregator.decision.fleet_look`), and the expiry loop. A hung proxy's probe (and its hedged
 confirmation) answers UNHEALTHY after the probe timeout, a healthy one after a millisecond.
 The settings are the programs' defaults, taken from their flags and the aggregator's wiring.
 
@@ -19,16 +19,16 @@ import random
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from aggregator.core import Core
+from aggregator.decision.core import Core
+from aggregator.decision.fleet_look import SUSPECT_BAD, OnLooked
+from aggregator.decision.tracker import Observation, StateChange, Tracker
 from aggregator.flags import AggregatorFlags
-from aggregator.fleet_look import SUSPECT_BAD, OnLooked
 from aggregator.metrics import Metrics
 from aggregator.registry import PodRegistry
-from aggregator.tracker import Observation, StateChange, Tracker
 from aggregator.wiring import core_settings, tracker_settings
-from aggregator.write_rule import WriteKind, write_needed
 from node_agent.flags import AgentFlags
 from servehealth_common.pod_identity import PodInfo, PodKey
+from servehealth_common.pod_writes.rule import WriteKind, write_needed
 from servehealth_common.states import ServeState, Source
 
 _AGGREGATOR = AggregatorFlags()

@@ -1,0 +1,1 @@
+"""The Kubernetes API emulator (``emulator.py``) and what runs beside it in-process."""
