@@ -101,6 +101,7 @@ from aiohttp import web
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
 from testsupport import harness
+from testsupport.captures import SERVE_APPLICATIONS_HEADONLY
 from testsupport.fakes import HEALTHY, NO_REPLICAS, FakeServeProxy, refused_port
 from testsupport.kube.emulator import PODS, KubeEmulator, make_pod
 from testsupport.kube.endpoints import EndpointSlices, serve_service_name
@@ -109,7 +110,7 @@ from testsupport.kube.probe_targets import RAYLET_DEAD, FakeRayletAgent
 
 DEFAULT_OUTPUT = harness.REPO_ROOT / "bench" / "results" / "endpoints.json"
 INSTALL_DOC = harness.REPO_ROOT / "docs" / "install.md"
-HEADONLY_BODY = harness.REPO_ROOT / "tests" / "data" / "serve_applications_headonly.json"
+HEADONLY_BODY = SERVE_APPLICATIONS_HEADONLY
 NS = "default"
 NODE = "node-1"
 GATE = "ray.io/serve-proxy-healthy"

@@ -27,10 +27,11 @@ from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
 from servehealth_common.pod_identity import PodKey
 from servehealth_common.states import ServeState
 from tests.conftest import StartAggregator, eventually
+from testsupport.captures import SERVE_APPLICATIONS_HEADONLY
 from testsupport.kube.emulator import DEFAULT_POD_LABELS, KubeEmulator
 from testsupport.messages import open_stream, report
 
-HEADONLY = (Path(__file__).parents[1] / "data" / "serve_applications_headonly.json").read_bytes()
+HEADONLY = SERVE_APPLICATIONS_HEADONLY.read_bytes()
 TOKEN = "s3cret-token"
 GATE = "ray.io/serve-proxy-healthy"
 NO_PROXY = pb.SERVE_STATE_NO_PROXY

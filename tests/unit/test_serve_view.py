@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Sequence
-from pathlib import Path
 
 import pytest
 
@@ -22,7 +21,11 @@ from aggregator.decision.serve_view import (
     rejudged,
 )
 from aggregator.decision.tracker import Observation, PodRecord, Tracker
-from aggregator.decision.write_rule import (
+from aggregator.flags import AggregatorFlags
+from aggregator.metrics import Metrics
+from aggregator.wiring import core_settings, tracker_settings
+from servehealth_common.pod_identity import PodInfo, PodKey
+from servehealth_common.pod_writes.rule import (
     NO_PROXY_BY_DESIGN,
     WriteKind,
     condition_fields,
@@ -30,17 +33,12 @@ from aggregator.decision.write_rule import (
     condition_value,
     write_needed,
 )
-from aggregator.flags import AggregatorFlags
-from aggregator.metrics import Metrics
-from aggregator.wiring import core_settings, tracker_settings
-from servehealth_common.pod_identity import PodInfo, PodKey
 from servehealth_common.states import OBSERVABLE_STATES, ServeState, Source
 from tests.conftest import FakeClock
+from testsupport.captures import SERVE_APPLICATIONS_HEADONLY
 from testsupport.simulation import RecordingRegistry
 
-CAPTURED = json.loads(
-    (Path(__file__).parents[1] / "data" / "serve_applications_headonly.json").read_text()
-)
+CAPTURED = json.loads(SERVE_APPLICATIONS_HEADONLY.read_text())
 HEAD_IP = "192.0.2.2"  # the node IP Ray reported in the capture
 
 

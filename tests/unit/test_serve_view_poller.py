@@ -17,8 +17,9 @@ from aggregator.decision.serve_view import ServeView
 from aggregator.metrics import Metrics
 from aggregator.pull.serve_view_poller import ServeViewPoller, ServeViewSettings, dashboard_url
 from servehealth_common.http import MAX_BODY_BYTES, HTTPClient, Response
+from testsupport.captures import SERVE_APPLICATIONS_HEADONLY
 
-CAPTURED = (Path(__file__).parents[1] / "data" / "serve_applications_headonly.json").read_bytes()
+CAPTURED = SERVE_APPLICATIONS_HEADONLY.read_bytes()
 CLUSTER = ("ray", "raycluster")
 URL = dashboard_url("10.0.0.1", 8265)
 
