@@ -34,11 +34,6 @@ async def run(settings: AggregatorFlags) -> int:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    if settings.panic_settle:
-        logging.getLogger("aggregator").warning(
-            "--panic-settle is deprecated and ignored: a pod that turns UNHEALTHY or SILENT "
-            "leaves service once a look at other pods shows the failure is not a mass one"
-        )
     _check_open_files(settings.max_connections)
     aggregator = build_aggregator(settings)
     # Returns once the port is open: the first pod list (retried while the Kubernetes API does

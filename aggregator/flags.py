@@ -51,8 +51,8 @@ _AT_LEAST_ONE = (
     "pull_concurrency",
     "panic_min_pods",
 )
-#: max_connections 0: no limit; startup_grace 0: twice the TTL; panic_settle: deprecated.
-_NOT_NEGATIVE = ("max_connections", "startup_grace", "shutdown_grace", "panic_settle")
+#: max_connections 0: no limit; startup_grace 0: twice the TTL.
+_NOT_NEGATIVE = ("max_connections", "startup_grace", "shutdown_grace")
 
 
 def _shown(value: float, *, duration: bool) -> str:
@@ -313,13 +313,6 @@ class AggregatorFlags:
         "PANIC (hold every write that takes a pod out of service for a timeout or a silence) "
         "when this share of tracked pods is UNHEALTHY or SILENT, seen in the tracker or by a "
         "look at the pods in service; pods out for such failures never reach this share.",
-    )
-    panic_settle: float = setting(
-        0.0,
-        "Deprecated and ignored: a pod that turns UNHEALTHY or SILENT no longer waits; the "
-        "aggregator looks at other pods instead (README, Self-protection).",
-        duration=True,
-        hidden=True,  # deprecated: not on --help
     )
     panic_min_pods: int = setting(
         3, "PANIC needs at least this many UNHEALTHY or SILENT pods (small fleets)."

@@ -131,7 +131,7 @@ below are generated from the settings dataclasses, so they list every setting th
   one (`--heartbeat-ttl -1s`) is read as such and refused by the check of its setting. A
   *boolean* is a switch: the flag alone (`--dry-run`) means true; a value is `true`/`false`
   (also `1`/`0`, `yes`/`no`, `on`/`off`: `--dry-run=false`). Deprecated flags
-  (`--panic-settle`, and `--heartbeat-interval`, for agents before 0.2.0) are accepted and
+  (`--heartbeat-interval`, for agents before 0.2.0) are accepted and
   listed here, not on `--help`. A *list* setting is a flag given
   once per value (`--namespace a --namespace b`), or one comma-separated variable
   (`{ENV_PREFIX}NAMESPACE=a,b`).

@@ -249,6 +249,8 @@ def _add_setting(
     if kind is bool:  # --flag alone: true
         switch = {"nargs": "?", "const": True}
         metavar = "true|false"
+        if help_text is not argparse.SUPPRESS:
+            help_text = help_text[:-1] + f"; --no-{flag_name(field)[2:]}: false)"
     target.add_argument(
         flag_name(field),
         dest=field.name,
@@ -259,6 +261,14 @@ def _add_setting(
         help=help_text,
         **switch,
     )
+    if kind is bool:  # --no-flag: false
+        target.add_argument(
+            "--no-" + flag_name(field)[2:],
+            dest=field.name,
+            action="store_const",
+            const=False,
+            help=argparse.SUPPRESS,
+        )
 
 
 def _attach_negative_values(argv: Sequence[str], flags: Sequence[str]) -> list[str]:

@@ -262,10 +262,9 @@ def test_a_boolean_is_a_switch(argv: list[str], expected: bool) -> None:
     assert load_aggregator(argv).dry_run is expected
 
 
-def test_deprecated_flags_are_accepted_but_not_on_help(
+def test_old_agents_flag_is_accepted_but_not_on_help_and_panic_settle_is_gone(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert load_aggregator(["--panic-settle", "1s"]).panic_settle == 1.0
     assert load_aggregator(["--heartbeat-interval", "2s"]).heartbeat_interval == 2.0
     with pytest.raises(SystemExit):
         load_aggregator(["--help"])
@@ -273,6 +272,26 @@ def test_deprecated_flags_are_accepted_but_not_on_help(
     assert "--panic-settle" not in shown
     assert "--heartbeat-interval" not in shown
     assert "--dry-run [true|false]" in shown
+    assert "--no-dry-run: false" in shown
+    with pytest.raises(SystemExit) as exit_info:
+        load_aggregator(["--panic-settle", "1s"])  # removed: CHANGELOG.md
+    assert exit_info.value.code == 2
+
+
+@pytest.mark.parametrize(
+    ("argv", "environ", "expected"),
+    [
+        (["--no-dry-run"], {}, False),
+        (["--no-dry-run"], {"SERVE_HEALTH_DRY_RUN": "true"}, False),
+        (["--dry-run", "--no-dry-run"], {}, False),
+        (["--no-dry-run", "--dry-run"], {}, True),
+        ([], {"SERVE_HEALTH_DRY_RUN": "true"}, True),
+    ],
+)
+def test_a_boolean_has_its_negative_switch(
+    argv: list[str], environ: dict[str, str], expected: bool
+) -> None:
+    assert load_aggregator(argv, environ).dry_run is expected
 
 
 @pytest.mark.parametrize(
@@ -557,7 +576,6 @@ def test_listen_addresses_that_are_fine(address: str, host: str, port: int) -> N
         pytest.param(
             ["--shutdown-grace", "-1s"], "--shutdown-grace must not be negative", id="grace"
         ),
-        pytest.param(["--panic-settle", "-1"], "--panic-settle must not be negative", id="settle"),
         pytest.param(
             ["--max-connections", "-1"], "--max-connections must not be negative", id="int"
         ),
@@ -622,7 +640,6 @@ ONE_BAD_VALUE = [
     ("--pull-concurrency", "0", "0"),
     ("--panic-threshold", "0", "0"),
     ("--panic-threshold", "1.5", "1.5"),
-    ("--panic-settle", "-1", "-1s"),
     ("--panic-min-pods", "0", "0"),
     ("--startup-grace", "-1", "-1s"),
 ]
