@@ -1,9 +1,10 @@
 """Where pods come from and where their serve label goes.
 
 A backend answers two questions for the core: may this pod be tracked (``admit``), and make
-this pod say this (``desire``): it writes what :func:`aggregator.decision.write_rule.write_needed`
-calls for, given what the pod ``carried``. The in-memory backend needs no cluster: pods register
-through their agent's hello and labels live in a dict.
+this pod say this (``desire``): it writes what
+:func:`servehealth_common.pod_writes.rule.write_needed` calls for, given what the pod
+``carried``. The in-memory backend needs no cluster: pods register through their agent's hello
+and labels live in a dict.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from aggregator.decision.override import NONE, Override
 from aggregator.decision.serve_view import UNKNOWN, ProxyIntent
 from aggregator.decision.shadow import Target, WouldBeWrites
 from aggregator.decision.tracker import StateChange
-from aggregator.decision.write_rule import WriteKind, write_needed
 from servehealth_common.pod_identity import PodInfo, PodKey
+from servehealth_common.pod_writes.rule import WriteKind, write_needed
 
 log = logging.getLogger(__name__)
 

@@ -41,11 +41,6 @@ def annotation_time(value: str) -> str:
     return value.split(" ", 1)[0] if value else ""
 
 
-def micro_time(when: datetime.datetime) -> str:
-    """RFC 3339 with microseconds, as the API's ``MicroTime`` (a Lease's ``renewTime``)."""
-    return when.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
 def written_after(mark: datetime.datetime, since: datetime.datetime) -> bool:
     """Whether a write marked ``mark`` may have come after ``since`` (a Lease's renewal, with
     microseconds), compared like with like: a mark without a fraction of a second (a
@@ -54,13 +49,3 @@ def written_after(mark: datetime.datetime, since: datetime.datetime) -> bool:
     if mark.microsecond == 0:
         return mark >= since.replace(microsecond=0)
     return mark > since
-
-
-def parse_time(text: str) -> datetime.datetime | None:
-    """An RFC 3339 time of a mark (``Z`` or an offset, with or without a fraction of a second),
-    None if it is not one."""
-    try:
-        when = datetime.datetime.fromisoformat(text)
-    except ValueError:
-        return None
-    return when if when.tzinfo is not None else when.replace(tzinfo=datetime.UTC)

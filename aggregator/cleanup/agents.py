@@ -41,6 +41,7 @@ from typing import Any
 
 from servehealth_common import fallback_marks as marks
 from servehealth_common.pod_identity import PodKey
+from servehealth_common.pod_writes.times import parse_time
 
 #: The writer in a condition message of an agent (``node_agent.fallback.bodies``): "... written
 #: by the agent <who> (<STATE>: <reason>)"; <who> may hold parentheses ("ns/pod (sidecar)").
@@ -66,7 +67,7 @@ class AgentWrite:
 def since(renew_time: str, started: datetime.datetime, window: float) -> datetime.datetime:
     """When the aggregator went away: its Lease's ``renewTime``; without one (or one that does
     not parse), ``window`` seconds before the cleanup ``started``."""
-    renewed = marks.parse_time(renew_time) if renew_time else None
+    renewed = parse_time(renew_time) if renew_time else None
     return renewed if renewed is not None else started - datetime.timedelta(seconds=window)
 
 
@@ -76,14 +77,14 @@ def pod_marks(pod: Mapping[str, Any]) -> list[AgentWrite]:
     key = PodKey(metadata.get("namespace", ""), metadata.get("name", ""))
     found = []
     annotation = str((metadata.get("annotations") or {}).get(marks.ANNOTATION) or "")
-    when = marks.parse_time(marks.annotation_time(annotation))
+    when = parse_time(marks.annotation_time(annotation))
     if when is not None:
         writer = annotation.partition(" ")[2]
         found.append(AgentWrite(key, f"annotation {marks.ANNOTATION} (a label)", when, writer))
     for condition in (pod.get("status") or {}).get("conditions") or []:
         if condition.get("reason") != marks.CONDITION_REASON:
             continue
-        when = marks.parse_time(str(condition.get("lastTransitionTime") or ""))
+        when = parse_time(str(condition.get("lastTransitionTime") or ""))
         if when is None:
             continue
         what = f"condition {condition.get('type')}={condition.get('status')}"

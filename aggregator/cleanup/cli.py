@@ -39,11 +39,12 @@ from aggregator.cleanup.rules import CleanupRules
 from aggregator.flags import AggregatorFlags
 from aggregator.kube.api import KubeApi
 from aggregator.leader.lease import KubeLeaseStore, LeaderElectionConfigError, lease_namespace
-from servehealth_common import fallback_marks, logs, runtime
 from servehealth_common import flags as shared
+from servehealth_common import logs, runtime
 from servehealth_common.config import load, setting
 from servehealth_common.kube.client import NoKubeConfig, load_configuration
 from servehealth_common.kube.errors import APIError
+from servehealth_common.pod_writes.times import micro_time
 
 log = logging.getLogger("aggregator.cleanup.cli")
 
@@ -226,7 +227,7 @@ async def agents_refusal(
     judged = (
         f"{renewed} (when the aggregator's Lease {store.describe()} was last renewed or released)"
         if renewed
-        else f"{fallback_marks.micro_time(after)} (--fallback-window before this run)"
+        else f"{micro_time(after)} (--fallback-window before this run)"
     )
     if flags.force:
         found = cleanup_agents.evidence(writes, judged)
@@ -293,7 +294,7 @@ async def written_back(flags: CleanupFlags, cleaner: Cleaner, started: datetime.
         return 0
     for write in writes:
         out(f"{write.key}: written back by an agent in fallback")
-    after = f"{fallback_marks.micro_time(started)} (when this run started)"
+    after = f"{micro_time(started)} (when this run started)"
     log.error("%s", cleanup_agents.written_back(writes, after, where_lease(flags)))
     return EXIT_FAILED
 

@@ -4,7 +4,7 @@ write, as a direction of traffic (pure).
 What a pod *carries* is what the aggregator writes to it, as the pod shows it now:
 
 - label mode: its serve label (absent counts as ``"false"``, as in
-  :func:`~aggregator.decision.write_rule.write_needed`);
+  :func:`~servehealth_common.pod_writes.rule.write_needed`);
 - condition mode: its readiness-gate condition, for pods that declare the gate (the aggregator
   writes nothing to other pods, so they never disagree); in service when its status is True
   (``True``, or ``NoProxyByDesign``, which is True with that reason);
@@ -23,8 +23,8 @@ import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from aggregator.decision.write_rule import WriteKind, condition_fields, write_needed
 from servehealth_common.pod_identity import PodKey
+from servehealth_common.pod_writes.rule import WriteKind, condition_fields, write_needed
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,6 @@ where Serve runs no proxy by design); and on the manual override: ``ServeOverrid
 from __future__ import annotations
 
 import asyncio
-import datetime
 import logging
 
 from aiolimiter import AsyncLimiter
@@ -17,6 +16,8 @@ from aggregator.kube.api import KubeApi
 from aggregator.metrics import Metrics
 from servehealth_common.kube.errors import APIError
 from servehealth_common.pod_identity import PodInfo
+from servehealth_common.pod_writes import bodies
+from servehealth_common.pod_writes.times import utc_now
 from servehealth_common.states import ServeState
 
 log = logging.getLogger(__name__)
@@ -40,26 +41,16 @@ def override_body(pod: PodInfo, change: OverrideChange) -> dict[str, object]:
 
 
 def note_body(pod: PodInfo, reason: str, message: str, kind: str) -> dict[str, object]:
-    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    return {
-        "metadata": {"generateName": f"{pod.key.name}.", "namespace": pod.key.namespace},
-        "involvedObject": {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "namespace": pod.key.namespace,
-            "name": pod.key.name,
-            "uid": pod.uid,
-        },
-        "reason": reason,
-        "message": message[:1024],
-        "type": kind,
-        "source": {"component": COMPONENT},
-        "reportingComponent": COMPONENT,
-        "reportingInstance": COMPONENT,
-        "firstTimestamp": now,
-        "lastTimestamp": now,
-        "count": 1,
-    }
+    return bodies.event_body(
+        pod.key,
+        pod.uid,
+        reason=reason,
+        message=message,
+        kind=kind,
+        component=COMPONENT,
+        instance=COMPONENT,
+        when=utc_now(),
+    )
 
 
 class EventRecorder:

@@ -7,11 +7,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from aggregator.decision.override import ANNOTATION, NONE, Override
-from aggregator.decision.write_rule import condition_value
 from aggregator.kube.kubelet_probe import checks_serve, ready_condition
 from servehealth_common import fallback_marks
 from servehealth_common.kube.pods import SERVE_GRPC_PORT_NAME, named_port, serve_port
 from servehealth_common.pod_identity import PodInfo, PodKey
+from servehealth_common.pod_writes.rule import conditions_of, earlier
+from servehealth_common.pod_writes.times import parse_time
 
 #: KubeRay's labels: a pod's Ray cluster, and its node type (``head`` or ``worker``).
 CLUSTER_LABEL = "ray.io/cluster"
@@ -27,7 +28,7 @@ class KubePod:
     labels: dict[str, str]
     readiness_gates: frozenset[str]
     #: condition type -> value: its status ("True"/"False"/"Unknown"), or
-    #: :data:`~aggregator.decision.write_rule.NO_PROXY_BY_DESIGN` (True with that reason)
+    #: :data:`~servehealth_common.pod_writes.rule.NO_PROXY_BY_DESIGN` (True with that reason)
     conditions: dict[str, str]
     dashboard_port: int = 0  # the container port named "dashboard" (0: none)
     #: Its ray-serve-health/override annotation, as read.
@@ -57,16 +58,9 @@ class KubePod:
 
 
 def older(pod: KubePod, known: KubePod) -> bool:
-    """Whether ``pod`` is an earlier version of the same pod than ``known``.
-
-    resourceVersions are opaque to clients in general; every API server in use (etcd's
-    revisions) makes them integers that grow with each write, and only then are they compared
-    here. Anything else (or another uid: a new pod of the same name) counts as newer.
-    """
-    if pod.info.uid != known.info.uid:
-        return False
-    new, old = pod.resource_version, known.resource_version
-    return new.isdigit() and old.isdigit() and int(new) < int(old)
+    """Whether ``pod`` is an earlier version of the same pod than ``known`` (as an agent's
+    fallback judges it: :func:`servehealth_common.pod_writes.rule.earlier`)."""
+    return earlier(pod.info.uid, pod.resource_version, known.info.uid, known.resource_version)
 
 
 def parse_pod(pod: dict[str, Any], default_port: int) -> KubePod:
@@ -88,10 +82,7 @@ def parse_pod(pod: dict[str, Any], default_port: int) -> KubePod:
         readiness_gates=frozenset(
             gate.get("conditionType", "") for gate in spec.get("readinessGates") or []
         ),
-        conditions={
-            c.get("type", ""): condition_value(c.get("status", ""), c.get("reason", ""))
-            for c in status.get("conditions") or []
-        },
+        conditions=conditions_of(status.get("conditions")),
         dashboard_port=named_port(pod, DASHBOARD_PORT_NAME, 0),
         override=Override.parse((metadata.get("annotations") or {}).get(ANNOTATION)),
         fallback_mark=fallback_mark(pod),
@@ -116,12 +107,3 @@ def fallback_mark(pod: dict[str, Any]) -> datetime.datetime | None:
     ]
     parsed = [when for text in times if text and (when := parse_time(text)) is not None]
     return max(parsed, default=None)
-
-
-def parse_time(text: str) -> datetime.datetime | None:
-    """An RFC 3339 time (``Z`` or an offset, with or without fractions), None if it is not."""
-    try:
-        when = datetime.datetime.fromisoformat(text)
-    except ValueError:
-        return None
-    return when if when.tzinfo is not None else when.replace(tzinfo=datetime.UTC)

@@ -20,7 +20,6 @@ from aggregator.decision.override import wanted as override_wanted
 from aggregator.decision.serve_view import UNKNOWN, ProxyIntent, proxy_meant
 from aggregator.decision.shadow import Target, WouldBeWrites
 from aggregator.decision.tracker import StateChange
-from aggregator.decision.write_rule import NO_PROXY_BY_DESIGN, WriteKind, condition_status
 from aggregator.kube.api import KubeApi
 from aggregator.kube.discovery import Discovery
 from aggregator.kube.events import EventRecorder
@@ -39,6 +38,7 @@ from aggregator.pull.serve_view_poller import (
 from aggregator.registry import PodRegistry, PodSink, PodViewFacts
 from servehealth_common import fallback_marks
 from servehealth_common.pod_identity import PodInfo, PodKey
+from servehealth_common.pod_writes.rule import NO_PROXY_BY_DESIGN, WriteKind, condition_status
 from servehealth_common.states import ServeState
 
 log = logging.getLogger(__name__)
@@ -162,7 +162,7 @@ class KubeRegistry(PodRegistry):
     def desire(self, key: PodKey, value: str, transition: StateChange | None = None) -> None:
         """Hand the writer every target that must say ``value`` (an override's value instead,
         if the pod has one; the writer writes only what
-        :func:`~aggregator.decision.write_rule.write_needed` calls for); an Event if anything
+        :func:`~servehealth_common.pod_writes.rule.write_needed` calls for); an Event if anything
         moves."""
         pod = self._pods.get(key)
         if pod is None:

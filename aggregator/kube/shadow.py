@@ -15,9 +15,9 @@ import asyncio
 from aggregator.decision.override import OverrideChange
 from aggregator.decision.shadow import WouldBeWrites
 from aggregator.decision.tracker import StateChange
-from aggregator.decision.write_rule import WriteKind
 from aggregator.kube.writer import PodCopies
 from servehealth_common.pod_identity import PodInfo, PodKey
+from servehealth_common.pod_writes.rule import WriteKind
 
 
 class ShadowWriter:

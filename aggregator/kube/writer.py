@@ -1,7 +1,7 @@
 """Keeps each pod's serve label (and, in condition mode, its readiness condition) equal to
 what the core wants, with as few API writes as possible and through any API trouble.
 
-- A write happens only when :func:`aggregator.decision.write_rule.write_needed` says so, checked
+- A write happens only when :func:`servehealth_common.pod_writes.rule.write_needed` says so, checked
   again just before each request (the pod may have changed while the write waited).
 - Per target (pod, kind) at most one write is in flight; a newer wanted value replaces a queued
   one, and a value that became true again before its write is dropped unwritten.
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
 import logging
 import random
 import time
@@ -25,18 +24,17 @@ from typing import Any, Protocol
 
 from aiolimiter import AsyncLimiter
 
-from aggregator.decision.write_rule import WriteKind, condition_fields, write_needed
 from aggregator.kube.api import KubeApi
 from aggregator.metrics import Metrics
 from servehealth_common import fallback_marks
+from servehealth_common.backoff import retry_delay, stepped_delay
 from servehealth_common.kube.errors import APIConflictError, APIError, APINotFoundError
 from servehealth_common.pod_identity import PodKey
+from servehealth_common.pod_writes.bodies import condition_patch, label_patch
+from servehealth_common.pod_writes.rule import WriteKind, condition_fields, write_needed
+from servehealth_common.pod_writes.times import utc_now
 
 log = logging.getLogger(__name__)
-
-#: Seconds to wait before retry attempt 1, 2, 3, ...; the last repeats. +/-20 % jitter.
-RETRY_BACKOFF = (0.2, 0.5, 1.0, 2.0, 3.0, 5.0, 8.0, 13.0, 21.0, 30.0)
-
 
 Target = tuple[PodKey, WriteKind]
 
@@ -64,11 +62,6 @@ class PodCopies(Protocol):
 
     async def refresh(self, key: PodKey) -> None:
         """Read the pod again (after a 409)."""
-
-
-def retry_delay(attempt: int, rng: random.Random) -> float:
-    base = RETRY_BACKOFF[min(attempt, len(RETRY_BACKOFF)) - 1]
-    return base * rng.uniform(0.8, 1.2)
 
 
 class Writer:
@@ -156,7 +149,7 @@ class Writer:
                 retry_in = await self._write_if_needed(target)
             except Exception:  # a surprise must not stop every other write: retry this one
                 attempt = self._attempts[target] = self._attempts.get(target, 0) + 1
-                retry_in = retry_delay(attempt, self._rng)
+                retry_in = stepped_delay(attempt, self._rng)
                 log.exception(
                     "write of %s %s failed (attempt %d)", target[0], target[1].value, attempt
                 )
@@ -204,10 +197,7 @@ class Writer:
             return 0.0
         except APIError as error:
             attempt = self._attempts[target] = self._attempts.get(target, 0) + 1
-            if error.retry_after is not None:  # honoured, within reason
-                delay = min(max(error.retry_after, RETRY_BACKOFF[0]), RETRY_BACKOFF[-1])
-            else:
-                delay = retry_delay(attempt, self._rng)
+            delay = retry_delay(error.retry_after, lambda: stepped_delay(attempt, self._rng))
             self._metrics.label_writes.labels(kind.value, "error").inc()
             self._metrics.api_retries.labels(str(error.status or "transport")).inc()
             level = logging.WARNING if error.retryable else logging.ERROR
@@ -227,21 +217,12 @@ class Writer:
         """The label; and, if an agent in fallback wrote it last, the removal of its mark (the
         annotation): it is no longer the agent's write, and is not counted again at the next
         take-over or restart."""
-        metadata: dict[str, Any] = {"labels": {self.settings.label_key: value}}
-        if self._pods.marked(key):
-            metadata["annotations"] = {fallback_marks.ANNOTATION: None}
-        return {"metadata": metadata}
+        removed = {fallback_marks.ANNOTATION: None} if self._pods.marked(key) else None
+        return label_patch(self.settings.label_key, value, annotations=removed)
 
     async def _send(self, key: PodKey, kind: WriteKind, value: str, message: str) -> dict[str, Any]:
         if kind is WriteKind.LABEL:
             return await self._api.patch_pod(key, self._label_body(key, value))
-        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         status, reason = condition_fields(value)
-        condition = {
-            "type": self.settings.condition_type,
-            "status": status,
-            "reason": reason,
-            "message": message,
-            "lastTransitionTime": now,
-        }
-        return await self._api.patch_pod_status(key, {"status": {"conditions": [condition]}})
+        body = condition_patch(self.settings.condition_type, status, reason, message, utc_now())
+        return await self._api.patch_pod_status(key, body)

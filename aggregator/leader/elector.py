@@ -37,17 +37,13 @@ from typing import Any, Protocol, TypeVar
 
 from servehealth_common.backoff import jittered
 from servehealth_common.kube.errors import APIConflictError, APIError
+from servehealth_common.pod_writes.times import micro_time
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 #: Wake this much after the moment a lease is due to expire (timers may fire a hair early).
 EXPIRY_MARGIN = 0.005
-
-
-def micro_time(when: datetime) -> str:
-    """RFC 3339 with microseconds, as the API's ``MicroTime``: ``2024-05-01T12:00:00.123456Z``."""
-    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def utc_now() -> datetime:

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import logging
 
-from aggregator.kube.pods import parse_time
 from aggregator.leader.elector import LeaseRecord
 from aggregator.metrics import Metrics
 from aggregator.registry import PodRegistry
+from servehealth_common.pod_writes.times import parse_time
 
 log = logging.getLogger(__name__)
 

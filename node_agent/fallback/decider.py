@@ -38,10 +38,8 @@ from node_agent.fallback.budget import ApiBudget
 from node_agent.fallback.lease_gate import LeaseGate, LeaseName
 from node_agent.fallback.phase import ALLOWED, FallbackChange, FallbackPhase
 from node_agent.fallback.rules import (
-    NO_PROXY_BY_DESIGN,
     SIDES,
     VALUES,
-    Kind,
     PodFacts,
     Streak,
     WhosePods,
@@ -51,6 +49,7 @@ from node_agent.fallback.rules import (
     refusal,
 )
 from servehealth_common.pod_identity import PodKey
+from servehealth_common.pod_writes.rule import NO_PROXY_BY_DESIGN, WriteKind, write_needed
 from servehealth_common.states import ServeState
 
 Clock = Callable[[], float]
@@ -86,8 +85,8 @@ class Fallback:
         self._streaks: dict[PodKey, Streak] = {}
         self._dirty: set[PodKey] = set()
         #: Writes handed out and not finished; and those that failed for good, per value.
-        self._in_flight: dict[tuple[PodKey, Kind], str] = {}
-        self._given_up: dict[tuple[PodKey, Kind], str] = {}
+        self._in_flight: dict[tuple[PodKey, WriteKind], str] = {}
+        self._given_up: dict[tuple[PodKey, WriteKind], str] = {}
         #: Pods a conditional write found changed (409): their resourceVersion then; no write
         #: for them until a newer version is seen (:meth:`needs_facts`).
         self._stale: dict[PodKey, str] = {}
@@ -242,7 +241,7 @@ class Fallback:
         self._streaks.pop(key, None)
         self._dirty.discard(key)
         self._stale.pop(key, None)
-        for kind in Kind:
+        for kind in WriteKind:
             self._in_flight.pop((key, kind), None)
             self._given_up.pop((key, kind), None)
 
@@ -318,13 +317,13 @@ class Fallback:
         if streak.count < rules.threshold(streak.side) or key in self._stale:
             return
         for kind, name in rules.targets():
-            if kind is Kind.CONDITION and name not in facts.readiness_gates:
+            if kind is WriteKind.CONDITION and name not in facts.readiness_gates:
                 continue
             carried, wanted = facts.carried(kind, name), VALUES[kind, streak.side]
             if carried == NO_PROXY_BY_DESIGN and streak.state is ServeState.NO_PROXY:
                 continue  # the aggregator judged that no proxy is meant here
             target = (key, kind)
-            if carried == wanted or wanted in (
+            if not write_needed(kind, carried, wanted) or wanted in (
                 self._in_flight.get(target),
                 self._given_up.get(target),
             ):

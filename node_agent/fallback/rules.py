@@ -9,8 +9,8 @@ a pod carries.
   setting must not make an agent rewrite another label.
 - :class:`WhosePods`: a sidecar writes only for its own pod (namespace, name and uid from the
   downward API), a DaemonSet agent only for pods on its node (``spec.nodeName``).
-- :class:`PodFacts`: a pod as read from the API, and what it carries (a missing label counts
-  as ``"false"``, as in the aggregator's write rule).
+- :class:`PodFacts`: a pod as read from the API, and what it carries (read, and compared with
+  what is wanted, by the write rule both programs share: :mod:`servehealth_common.pod_writes`).
 """
 
 from __future__ import annotations
@@ -23,14 +23,13 @@ from typing import Any
 
 from servehealth_common.override import Override
 from servehealth_common.pod_identity import PodKey
+from servehealth_common.pod_writes.rule import WriteKind, conditions_of, earlier
 from servehealth_common.states import ServeState
 
 #: The aggregator's default thresholds (--failure-threshold, --success-threshold).
 DEFAULT_FAILURE_THRESHOLD, DEFAULT_SUCCESS_THRESHOLD = 1, 2
 #: --fallback-write's choices ("": only what an aggregator's settings allow).
 FALLBACK_WRITES = ("", "label", "condition", "both")
-#: The condition value of a pod with no proxy by design (aggregator/write_rule.py).
-NO_PROXY_BY_DESIGN = "NoProxyByDesign"
 #: Label keys KubeRay (and Kubernetes) rely on for other purposes: never written by an agent.
 RESERVED_LABEL_KEYS = frozenset(
     {
@@ -69,13 +68,6 @@ _PREFIX = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
 _QUALIFIED = re.compile(rf"((?=.{{1,253}}/){_PREFIX}/)?{_NAME}")
 
 
-class Kind(enum.Enum):
-    """What a write changes: the serve label, or the readiness-gate condition."""
-
-    LABEL = "label"
-    CONDITION = "condition"
-
-
 class Side(enum.Enum):
     IN = "in service"
     OUT = "out of service"
@@ -89,10 +81,10 @@ SIDES = {
     ServeState.NO_PROXY: Side.OUT,
 }
 VALUES = {
-    (Kind.LABEL, Side.IN): "true",
-    (Kind.LABEL, Side.OUT): "false",
-    (Kind.CONDITION, Side.IN): "True",
-    (Kind.CONDITION, Side.OUT): "False",
+    (WriteKind.LABEL, Side.IN): "true",
+    (WriteKind.LABEL, Side.OUT): "false",
+    (WriteKind.CONDITION, Side.IN): "True",
+    (WriteKind.CONDITION, Side.OUT): "False",
 }
 
 
@@ -115,8 +107,8 @@ class WriteRules:
     failure_threshold: int = DEFAULT_FAILURE_THRESHOLD
     success_threshold: int = DEFAULT_SUCCESS_THRESHOLD
 
-    def targets(self) -> tuple[tuple[Kind, str], ...]:
-        found = [(Kind.LABEL, self.label_key), (Kind.CONDITION, self.condition_type)]
+    def targets(self) -> tuple[tuple[WriteKind, str], ...]:
+        found = [(WriteKind.LABEL, self.label_key), (WriteKind.CONDITION, self.condition_type)]
         return tuple((kind, name) for kind, name in found if name)
 
     def threshold(self, side: Side) -> int:
@@ -174,7 +166,8 @@ class PodFacts:
     uid: str
     node_name: str = ""
     labels: Mapping[str, str] = field(default_factory=dict)
-    #: Condition type -> ``"True"``, ``"False"`` (or :data:`NO_PROXY_BY_DESIGN`).
+    #: Condition type -> ``"True"``, ``"False"`` (or ``NoProxyByDesign``: ``True`` with that
+    #: reason, :func:`servehealth_common.pod_writes.rule.condition_value`).
     conditions: Mapping[str, str] = field(default_factory=dict)
     readiness_gates: frozenset[str] = frozenset()
     #: Under a manual override the aggregator honours (``in-service``, ``out-of-service``);
@@ -186,37 +179,29 @@ class PodFacts:
     def from_pod(cls, pod: Mapping[str, Any]) -> PodFacts:
         metadata = pod.get("metadata") or {}
         spec, status = pod.get("spec") or {}, pod.get("status") or {}
-        conditions = {}
-        for condition in status.get("conditions") or []:
-            value = str(condition.get("status", ""))
-            if value == "True" and condition.get("reason") == NO_PROXY_BY_DESIGN:
-                value = NO_PROXY_BY_DESIGN
-            conditions[str(condition.get("type", ""))] = value
         gates = spec.get("readinessGates") or []
         return cls(
             key=PodKey(metadata.get("namespace", ""), metadata.get("name", "")),
             uid=str(metadata.get("uid", "")),
             node_name=str(spec.get("nodeName", "") or ""),
             labels=dict(metadata.get("labels") or {}),
-            conditions=conditions,
+            conditions=conditions_of(status.get("conditions")),
             readiness_gates=frozenset(str(g.get("conditionType", "")) for g in gates),
             overridden=Override.of(metadata.get("annotations")).value is not None,
             resource_version=str(metadata.get("resourceVersion", "")),
         )
 
-    def carried(self, kind: Kind, name: str) -> str | None:
-        """What the pod carries for ``kind``; a missing label counts as ``"false"``."""
-        if kind is Kind.LABEL:
-            return self.labels.get(name, "false")
+    def carried(self, kind: WriteKind, name: str) -> str | None:
+        """What the pod carries for ``kind`` (None: absent; the write rule counts a missing
+        label as ``"false"``)."""
+        if kind is WriteKind.LABEL:
+            return self.labels.get(name)
         return self.conditions.get(name)
 
     def newer_than(self, other: PodFacts) -> bool:
         """Not an earlier version of ``other`` (resourceVersions compared as the aggregator
         does: only when both are integers of the same pod)."""
-        if self.uid != other.uid:
-            return True
-        new, old = self.resource_version, other.resource_version
-        return not (new.isdigit() and old.isdigit() and int(new) < int(old))
+        return not earlier(self.uid, self.resource_version, other.uid, other.resource_version)
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,7 +231,7 @@ class Write:
 
     key: PodKey
     uid: str
-    kind: Kind
+    kind: WriteKind
     name: str  # the label key, or the condition type
     value: str  # "true"/"false", or "True"/"False"
     state: ServeState  # the latest probe's state, and its reason
@@ -261,6 +246,6 @@ class Write:
 
 def carrying(facts: PodFacts, write: Write) -> PodFacts:
     """``facts`` after ``write``, when the API's answer did not show the pod."""
-    if write.kind is Kind.LABEL:
+    if write.kind is WriteKind.LABEL:
         return replace(facts, labels={**facts.labels, write.name: write.value})
     return replace(facts, conditions={**facts.conditions, write.name: write.value})

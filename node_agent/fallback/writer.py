@@ -29,26 +29,26 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from node_agent.fallback.bodies import event_body, utc_now, write_body
+from node_agent.fallback.bodies import event_body, write_body
 from node_agent.fallback.decider import Fallback, FallbackPhase
 from node_agent.fallback.lease_gate import LeaseName
 from node_agent.fallback.lease_watch import follow_lease
 from node_agent.fallback.ports import LeaseListener
-from node_agent.fallback.rules import Kind, PodFacts, Write
+from node_agent.fallback.rules import PodFacts, Write
 from node_agent.flags import AgentFlags
 from node_agent.kube_client import make_kube_client
 from node_agent.sink import MetricsSink
 from servehealth_common import fallback_marks as marks
-from servehealth_common.backoff import Backoff
+from servehealth_common.backoff import RETRY_CAP, RETRY_FLOOR, Backoff, retry_delay
 from servehealth_common.kube.client import KubeClient, NoKubeConfig
 from servehealth_common.kube.errors import APIError, APIForbiddenError, APINotFoundError
 from servehealth_common.kube.watch import PodWatch
 from servehealth_common.pod_identity import PodKey
+from servehealth_common.pod_writes.rule import WriteKind
+from servehealth_common.pod_writes.times import utc_now
 
 log = logging.getLogger(__name__)
 
-#: Retries: full jitter up to 0.2 s, 0.4 s, ... 30 s; a Retry-After is honoured up to that.
-RETRY_BASE, RETRY_CAP = 0.2, 30.0
 #: Writes in flight at most (a DaemonSet agent's node may have many pods).
 WORKERS = 2
 #: How long a sidecar's watch of its pod lasts before it is renewed (one request per sidecar
@@ -172,13 +172,15 @@ class FallbackWriter:
                         key,
                         error,
                     )
-                await asyncio.sleep(_delay(backoff, error))
+                await asyncio.sleep(retry_delay(error.retry_after, backoff.next))
         return None
 
     # -- the work -------------------------------------------------------------------------
 
     def _backoff(self) -> Backoff:
-        return Backoff(base=RETRY_BASE, cap=RETRY_CAP, rng=self._rng)
+        """Retries: full jitter up to 0.2 s, 0.4 s, ... 30 s; a Retry-After is honoured within
+        the same bounds (:func:`servehealth_common.backoff.retry_delay`)."""
+        return Backoff(base=RETRY_FLOOR, cap=RETRY_CAP, rng=self._rng)
 
     async def _work(self) -> None:
         while True:
@@ -232,7 +234,7 @@ class FallbackWriter:
                     self._core.finished(write, gave_up=True)
                     return
                 trouble = self._retrying(write, error, trouble, attempts)
-                await asyncio.sleep(_delay(backoff, error))
+                await asyncio.sleep(retry_delay(error.retry_after, backoff.next))
                 continue
             await self._landed(write, answer, attempts, now)
             return
@@ -317,7 +319,7 @@ class FallbackWriter:
 
     async def _send(self, write: Write, now: datetime.datetime) -> dict[str, Any]:
         body = write_body(write, self._who, now)
-        if write.kind is Kind.LABEL:
+        if write.kind is WriteKind.LABEL:
             return await self.client.patch_pod(write.key, body)
         return await self.client.patch_pod_status(write.key, body)
 
@@ -366,11 +368,3 @@ async def open_sidecar_writer(
 
 def _sidecar_client(settings: AgentFlags) -> KubeClient:
     return make_kube_client(settings)  # the same client as a DaemonSet agent's
-
-
-def _delay(backoff: Backoff, error: APIError) -> float:
-    """The wait before the next attempt: ``Retry-After`` if the API gave one (within
-    reason), else the backoff's."""
-    if error.retry_after is not None:
-        return min(max(error.retry_after, RETRY_BASE), RETRY_CAP)
-    return backoff.next()

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import grpc
 
-from aggregator.decision.write_rule import WriteKind
 from aggregator.server import Aggregator
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
 from servehealth_common.pod_identity import PodKey
+from servehealth_common.pod_writes.rule import WriteKind
 from servehealth_common.states import ServeState
 from tests.conftest import FakeClock, StartAggregator, eventually
 from testsupport.messages import batch, open_node_stream, open_stream, report

@@ -9,7 +9,6 @@ import grpc
 import pytest
 from google.protobuf import duration_pb2
 
-from aggregator.decision.write_rule import WriteKind
 from aggregator.server import Aggregator
 from node_agent.agent import Agent
 from node_agent.flags import AgentFlags
@@ -17,6 +16,7 @@ from node_agent.identity import SidecarPod
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
 from servehealth_common.pod_identity import PodKey
+from servehealth_common.pod_writes.rule import WriteKind
 from servehealth_common.probe import Prober, make_session
 from servehealth_common.states import ServeState
 from tests.conftest import StartAggregator, eventually, metrics_port

@@ -388,7 +388,7 @@ def agents_wrote(kube: KubeEmulator, when: datetime.datetime) -> None:
     add(kube, "gated-w", gated=True)
     agent_condition(kube, "gated-w", "False", when)
     add(kube, "marked-w", serve="true", env={RAY_SERVICE_ENV: "0"})
-    mark = marks.annotation_value(marks.micro_time(when), "ray/marked-w (sidecar)")
+    mark = marks.annotation_value(micro_time(when), "ray/marked-w (sidecar)")
     pod = kube.pod(NS, "marked-w")
     assert pod is not None
     pod["metadata"]["annotations"] = {marks.ANNOTATION: mark}

@@ -21,9 +21,10 @@ from aggregator.cleanup.agents import (
     written_back,
 )
 from node_agent.fallback.bodies import write_body
-from node_agent.fallback.rules import Kind, Write
+from node_agent.fallback.rules import Write
 from servehealth_common import fallback_marks as marks
 from servehealth_common.pod_identity import PodKey
+from servehealth_common.pod_writes.rule import WriteKind
 from servehealth_common.states import ServeState
 
 GATE = "ray.io/serve-proxy-healthy"
@@ -38,13 +39,13 @@ def at(seconds: float) -> datetime.datetime:
     return RELEASED + datetime.timedelta(seconds=seconds)
 
 
-def pod(name: str, *writes: tuple[Kind, str, str, datetime.datetime]) -> dict[str, Any]:
+def pod(name: str, *writes: tuple[WriteKind, str, str, datetime.datetime]) -> dict[str, Any]:
     """A pod in ``ray`` carrying what an agent wrote: (kind, value, who, when) each, as the
     agent's patch bodies set them."""
     metadata: dict[str, Any] = {"namespace": "ray", "name": name, "annotations": {}}
     conditions: list[dict[str, Any]] = [{"type": "Ready", "status": "True"}]
     for kind, value, who, when in writes:
-        name_of = LABEL if kind is Kind.LABEL else GATE
+        name_of = LABEL if kind is WriteKind.LABEL else GATE
         write = Write(PodKey("ray", name), "uid", kind, name_of, value, ServeState.NOT_READY,
                       "HTTP 503 (Service Unavailable)")  # fmt: skip
         body = write_body(write, who, when)
@@ -59,9 +60,9 @@ def found(pods: list[dict[str, Any]], after: datetime.datetime = RELEASED) -> li
 
 def test_marks_after_the_aggregator_went_away_are_agents_in_fallback() -> None:
     pods = [
-        pod("w-0", (Kind.LABEL, "false", SIDECAR, at(5.25))),
-        pod("w-1", (Kind.CONDITION, "False", DAEMONSET, at(12))),
-        pod("w-2", (Kind.CONDITION, "True", DAEMONSET, at(-60))),  # an earlier outage
+        pod("w-0", (WriteKind.LABEL, "false", SIDECAR, at(5.25))),
+        pod("w-1", (WriteKind.CONDITION, "False", DAEMONSET, at(12))),
+        pod("w-2", (WriteKind.CONDITION, "True", DAEMONSET, at(-60))),  # an earlier outage
         pod("w-3"),
     ]
     assert found(pods) == [
@@ -75,15 +76,15 @@ def test_marks_after_the_aggregator_went_away_are_agents_in_fallback() -> None:
 @pytest.mark.parametrize(
     ("kind", "offset", "counted"),
     [
-        pytest.param(Kind.LABEL, 0.000001, True, id="annotation a microsecond after"),
-        pytest.param(Kind.LABEL, -0.000001, False, id="annotation a microsecond before"),
+        pytest.param(WriteKind.LABEL, 0.000001, True, id="annotation a microsecond after"),
+        pytest.param(WriteKind.LABEL, -0.000001, False, id="annotation a microsecond before"),
         # A condition's time has whole seconds: one in the release's second may be after it.
-        pytest.param(Kind.CONDITION, -0.4, True, id="condition in the release's second"),
-        pytest.param(Kind.CONDITION, -0.6, False, id="condition the second before"),
+        pytest.param(WriteKind.CONDITION, -0.4, True, id="condition in the release's second"),
+        pytest.param(WriteKind.CONDITION, -0.6, False, id="condition the second before"),
     ],
 )
 def test_each_mark_is_compared_at_its_own_resolution(
-    kind: Kind, offset: float, counted: bool
+    kind: WriteKind, offset: float, counted: bool
 ) -> None:
     pods = [pod("w", (kind, "False", DAEMONSET, at(offset)))]
     assert bool(found(pods)) is counted
@@ -91,9 +92,11 @@ def test_each_mark_is_compared_at_its_own_resolution(
 
 def test_one_line_per_pod_its_latest_mark_and_pods_in_order() -> None:
     both = pod(
-        "b", (Kind.LABEL, "false", DAEMONSET, at(3)), (Kind.CONDITION, "False", DAEMONSET, at(9))
+        "b",
+        (WriteKind.LABEL, "false", DAEMONSET, at(3)),
+        (WriteKind.CONDITION, "False", DAEMONSET, at(9)),
     )
-    writes = agent_writes([both, pod("a", (Kind.LABEL, "true", SIDECAR, at(1)))], RELEASED)
+    writes = agent_writes([both, pod("a", (WriteKind.LABEL, "true", SIDECAR, at(1)))], RELEASED)
     assert [(w.key.name, w.when) for w in writes] == [
         ("a", at(1)),
         ("b", at(9).replace(microsecond=0)),
@@ -144,7 +147,9 @@ def test_since_the_aggregator_went_away(renew_time: str, expected: datetime.date
 
 
 def test_the_refusal_names_the_pods_and_what_to_do() -> None:
-    pods = [pod(f"w-{i:02}", (Kind.CONDITION, "False", DAEMONSET, at(i + 1))) for i in range(12)]
+    pods = [
+        pod(f"w-{i:02}", (WriteKind.CONDITION, "False", DAEMONSET, at(i + 1))) for i in range(12)
+    ]
     writes = agent_writes(pods, RELEASED)
     message = refusal(writes, "2026-03-01T12:00:00.500000Z (its release)", "ray-serve-health")
     assert message.startswith(
@@ -168,7 +173,7 @@ def test_the_refusal_names_the_pods_and_what_to_do() -> None:
 
 
 def test_written_back_says_what_and_what_to_do() -> None:
-    writes = agent_writes([pod("w", (Kind.CONDITION, "False", DAEMONSET, at(40)))], RELEASED)
+    writes = agent_writes([pod("w", (WriteKind.CONDITION, "False", DAEMONSET, at(40)))], RELEASED)
     message = written_back(writes, "the start", "ns")
     assert message.startswith(
         "not cleaned up for good: agents in fallback (no aggregator answered them) wrote 1 pod "

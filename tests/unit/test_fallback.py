@@ -19,8 +19,6 @@ import pytest
 
 from node_agent.fallback.decider import Fallback, FallbackPhase
 from node_agent.fallback.rules import (
-    NO_PROXY_BY_DESIGN,
-    Kind,
     PodFacts,
     WhosePods,
     Write,
@@ -28,6 +26,7 @@ from node_agent.fallback.rules import (
     refusal,
 )
 from servehealth_common.pod_identity import PodKey
+from servehealth_common.pod_writes.rule import NO_PROXY_BY_DESIGN, WriteKind
 from servehealth_common.states import ServeState
 
 SERVING = ServeState.SERVING
@@ -468,5 +467,5 @@ def test_nothing_an_aggregator_sends_adds_a_pod() -> None:
 
 
 def test_a_write_names_what_it_writes() -> None:
-    write = Write(KEY, UID, Kind.CONDITION, GATE, "True", SERVING, "success")
+    write = Write(KEY, UID, WriteKind.CONDITION, GATE, "True", SERVING, "success")
     assert str(write) == f"condition {GATE}=True on pod ray/worker-0"

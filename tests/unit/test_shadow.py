@@ -8,9 +8,9 @@ import pytest
 
 from aggregator.cli import parse
 from aggregator.decision.shadow import IN, OUT, WouldBeWrites, direction, shown, tally
-from aggregator.decision.write_rule import NO_PROXY_BY_DESIGN, WriteKind
 from aggregator.flags import AggregatorFlags
 from servehealth_common.pod_identity import PodKey
+from servehealth_common.pod_writes.rule import NO_PROXY_BY_DESIGN, WriteKind
 
 LABEL, CONDITION = WriteKind.LABEL, WriteKind.CONDITION
 

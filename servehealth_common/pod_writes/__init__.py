@@ -1,0 +1,12 @@
+"""What both programs write to a pod, in one place: the aggregator's writer and an agent's
+fallback decide and build their writes with these, so that an agent writes what the aggregator
+would (pure: no I/O).
+
+- :mod:`.rule`: whether a write is needed (a missing label counts as ``"false"``), the
+  condition a value is written as (``NoProxyByDesign`` included), what a pod carries as read,
+  and which of two readings of a pod is the earlier;
+- :mod:`.bodies`: the label and condition patches and the Event;
+- :mod:`.times`: the API's two time formats (whole seconds, and ``MicroTime``).
+
+Retries and ``Retry-After`` are :mod:`servehealth_common.backoff`'s.
+"""

@@ -1,0 +1,199 @@
+"""Both programs write a pod the same way (issue 25, "one pod writer for both programs"): for
+the same pod, as read from the API, and the same state, an agent in fallback decides a write
+exactly when the aggregator's writer does, and sends the same patch, but for what marks who
+wrote it.
+
+The differences that remain are deliberate, and asserted as such:
+
+- an agent's label write carries its mark (``ray-serve-health/fallback-write``) and its
+  condition the reason ``NoAggregator`` and a message naming the agent; the aggregator writes
+  ``ServeProxyServing``/``ServeProxyNotServing`` (and removes an agent's mark);
+- an agent's write is conditional on the pod's resourceVersion it was decided on (many writers
+  who cannot see each other); the aggregator's is not (one writer, which re-reads on a 409);
+- a condition ``NoProxyByDesign`` is left alone by an agent whose probe sees NO_PROXY: only the
+  aggregator has the Serve controller's view that says a proxy is meant there or not.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import itertools
+from typing import Any
+
+import pytest
+
+from aggregator.kube.pods import KubePod, parse_pod
+from aggregator.kube.writer import Writer, WriterSettings
+from aggregator.metrics import Metrics
+from node_agent.fallback.bodies import write_body
+from node_agent.fallback.decider import Fallback
+from node_agent.fallback.rules import PodFacts, WhosePods, WriteRules
+from servehealth_common import fallback_marks
+from servehealth_common.pod_identity import PodKey
+from servehealth_common.pod_writes.rule import NO_PROXY_BY_DESIGN, WriteKind, condition_status
+from servehealth_common.states import ServeState, label_value
+
+KEY = PodKey("ray", "worker-0")
+UID = "uid-0"
+LABEL = "ray.io/serve"
+GATE = "ray.io/serve-proxy-healthy"
+WHO = "ray/worker-0 (sidecar)"
+WHEN = datetime.datetime(2026, 12, 2, 7, 30, 1, 250000, tzinfo=datetime.UTC)
+AFTER = 10.0
+
+LABELS = (None, "true", "false")
+#: The condition as the API holds it: (status, reason); None: no condition.
+CONDITIONS = (
+    None,
+    ("True", "ServeProxyServing"),
+    ("False", "ServeProxyNotServing"),
+    ("True", NO_PROXY_BY_DESIGN),
+    ("False", fallback_marks.CONDITION_REASON),
+)
+STATES = (ServeState.SERVING, ServeState.NOT_READY, ServeState.DRAINING, ServeState.NO_PROXY)
+
+
+def raw_pod(label: str | None, condition: tuple[str, str] | None) -> dict[str, Any]:
+    conditions = [] if condition is None else [{"status": condition[0], "reason": condition[1]}]
+    return {
+        "metadata": {
+            "namespace": KEY.namespace,
+            "name": KEY.name,
+            "uid": UID,
+            "resourceVersion": "42",
+            "labels": {"ray.io/node-type": "worker"} | ({LABEL: label} if label else {}),
+        },
+        "spec": {"nodeName": "node-1", "readinessGates": [{"conditionType": GATE}]},
+        "status": {"conditions": [{"type": GATE, **c} for c in conditions]},
+    }
+
+
+class Clock:
+    now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def agent_patches(raw: dict[str, Any], state: ServeState) -> dict[WriteKind, dict[str, Any]]:
+    """What an agent in fallback sends for ``raw`` in ``state`` (thresholds of 1)."""
+    clock = Clock()
+    rules = WriteRules(LABEL, GATE, failure_threshold=1, success_threshold=1)
+    core = Fallback(after=AFTER, own=WhosePods(pod=KEY, uid=UID), flag_rules=rules, clock=clock)
+    core.pod_seen(PodFacts.from_pod(raw))
+    core.observe(KEY, state, "reason")
+    clock.now += AFTER
+    core.tick()
+    return {write.kind: write_body(write, WHO, WHEN) for write in core.decide()}
+
+
+class RecordingApi:
+    def __init__(self) -> None:
+        self.patches: dict[WriteKind, dict[str, Any]] = {}
+
+    async def patch_pod(self, key: PodKey, body: dict[str, Any]) -> dict[str, Any]:
+        self.patches[WriteKind.LABEL] = body
+        return {}
+
+    async def patch_pod_status(self, key: PodKey, body: dict[str, Any]) -> dict[str, Any]:
+        self.patches[WriteKind.CONDITION] = body
+        return {}
+
+
+class Copies:
+    """The registry's copy of the one pod, as the writer reads it."""
+
+    def __init__(self, pod: KubePod) -> None:
+        self.pod = pod
+
+    def carried(self, key: PodKey, kind: WriteKind) -> str | None:
+        if kind is WriteKind.LABEL:
+            return self.pod.labels.get(LABEL)
+        return self.pod.conditions.get(GATE)
+
+    def marked(self, key: PodKey) -> bool:
+        return self.pod.fallback_annotated
+
+    def written(self, key: PodKey, kind: WriteKind, value: str, body: dict[str, Any]) -> None:
+        pass
+
+    async def refresh(self, key: PodKey) -> None:
+        pass
+
+
+async def aggregator_patches(
+    raw: dict[str, Any], state: ServeState
+) -> dict[WriteKind, dict[str, Any]]:
+    """What the aggregator's writer sends for ``raw`` in ``state`` (no serve view: a NO_PROXY
+    is not judged by design)."""
+    api = RecordingApi()
+    settings = WriterSettings(LABEL, GATE, qps=1000, burst=1000, concurrency=1)
+    writer = Writer(api, settings, Metrics("test"), Copies(parse_pod(raw, 8000)))
+    label = label_value(state)
+    for kind, value in ((WriteKind.LABEL, label), (WriteKind.CONDITION, condition_status(label))):
+        if writer.want(KEY, kind, value, "reason"):
+            assert await writer._write_if_needed((KEY, kind)) is None
+    return api.patches
+
+
+def without_the_writers_marks(body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` less what says who wrote it, and an agent's precondition (deliberate)."""
+    body = copy.deepcopy(body)
+    metadata = body.get("metadata", {})
+    metadata.pop("resourceVersion", None)
+    metadata.pop("annotations", None)
+    if not metadata:
+        body.pop("metadata", None)
+    for condition in body.get("status", {}).get("conditions", []):
+        condition.pop("reason")
+        condition.pop("message")
+        condition.pop("lastTransitionTime")
+    return body
+
+
+CASES = [
+    pytest.param(label, condition, state, id=f"label={label}-condition={condition}-{state.name}")
+    for label, condition, state in itertools.product(LABELS, CONDITIONS, STATES)
+]
+
+
+@pytest.mark.parametrize(("label", "condition", "state"), CASES)
+async def test_both_programs_write_the_same(
+    label: str | None, condition: tuple[str, str] | None, state: ServeState
+) -> None:
+    raw = raw_pod(label, condition)
+    agent = agent_patches(raw, state)
+    aggregator = await aggregator_patches(raw, state)
+    if state is ServeState.NO_PROXY and condition == ("True", NO_PROXY_BY_DESIGN):
+        # Only the aggregator knows whether no proxy is meant there: an agent leaves it.
+        assert WriteKind.CONDITION in aggregator
+        assert WriteKind.CONDITION not in agent
+        aggregator.pop(WriteKind.CONDITION)
+    assert agent.keys() == aggregator.keys()
+    for kind, body in agent.items():
+        assert without_the_writers_marks(body) == without_the_writers_marks(aggregator[kind])
+
+
+def test_the_differences_are_the_marks_and_the_precondition() -> None:
+    """What the comparison above leaves out, on one pod: the agent's marks and its
+    resourceVersion precondition; the times in the API's whole-second format in both."""
+    agent = agent_patches(raw_pod(None, None), ServeState.SERVING)
+    label, condition = agent[WriteKind.LABEL], agent[WriteKind.CONDITION]
+    assert label["metadata"]["resourceVersion"] == "42"
+    assert label["metadata"]["annotations"] == {
+        fallback_marks.ANNOTATION: f"2026-12-02T07:30:01.250000Z {WHO}"
+    }
+    assert condition["metadata"] == {"resourceVersion": "42"}
+    written = condition["status"]["conditions"][0]
+    assert written["reason"] == fallback_marks.CONDITION_REASON
+    assert written["lastTransitionTime"] == "2026-12-02T07:30:01Z"
+
+
+async def test_the_aggregator_removes_an_agents_mark_with_its_label() -> None:
+    raw = raw_pod("true", None)
+    raw["metadata"]["annotations"] = {fallback_marks.ANNOTATION: f"2026-12-02T07:30:01Z {WHO}"}
+    patches = await aggregator_patches(raw, ServeState.NOT_READY)
+    assert patches[WriteKind.LABEL] == {
+        "metadata": {"labels": {LABEL: "false"}, "annotations": {fallback_marks.ANNOTATION: None}}
+    }
