@@ -4,7 +4,7 @@ A sidecar needs its pod's namespace, name and uid and its node (:class:`SidecarP
 agent only its node (:func:`node_name_from_environ`), as it learns its pods from the API.
 
 A sidecar's namespace and pod name are checked here by the aggregator's own rules
-(``aggregator/wire.py``): a name it could never accept ends the agent at start (exit 2) rather
+(``aggregator/ingest/wire.py``): a name it could never accept ends the agent at start (exit 2) rather
 than being refused by the aggregator at every reconnection.
 """
 
@@ -36,7 +36,7 @@ class InvalidIdentity(ValueError):
 
 
 # Kubernetes: namespaces are RFC 1123 labels, pod names RFC 1123 subdomains; the same patterns
-# as the aggregator's (aggregator/wire.py, which the agent may not import), used with fullmatch.
+# as the aggregator's (aggregator/ingest/wire.py, which the agent may not import), used with fullmatch.
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _DNS_SUBDOMAIN = re.compile(
     r"(?=.{1,253}\Z)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
