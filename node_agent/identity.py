@@ -4,15 +4,16 @@ A sidecar needs its pod's namespace, name and uid and its node (:class:`SidecarP
 agent only its node (:func:`node_name_from_environ`), as it learns its pods from the API.
 
 A sidecar's namespace and pod name are checked here by the aggregator's own rules
-(``aggregator/ingest/wire.py``): a name it could never accept ends the agent at start (exit 2) rather
-than being refused by the aggregator at every reconnection.
+(``servehealth_common.pod_identity``): a name it could never accept ends the agent at start
+(exit 2) rather than being refused by the aggregator at every reconnection.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+from servehealth_common.pod_identity import DNS_LABEL, DNS_SUBDOMAIN
 
 #: What a sidecar needs, in this order.
 REQUIRED = ("POD_NAMESPACE", "POD_NAME", "POD_UID", "NODE_NAME")
@@ -35,24 +36,16 @@ class InvalidIdentity(ValueError):
     """A downward-API value no aggregator would accept (the process exits 2)."""
 
 
-# Kubernetes: namespaces are RFC 1123 labels, pod names RFC 1123 subdomains; the same patterns
-# as the aggregator's (aggregator/ingest/wire.py, which the agent may not import), used with fullmatch.
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
-_DNS_SUBDOMAIN = re.compile(
-    r"(?=.{1,253}\Z)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
-)
-
-
 def check_pod(namespace: str, name: str) -> None:
     """Raise InvalidIdentity unless ``namespace`` is an RFC 1123 label and ``name`` an RFC 1123
     subdomain (what Kubernetes allows, and what the aggregator checks a hello against)."""
-    if not _DNS_LABEL.fullmatch(namespace):
+    if not DNS_LABEL.fullmatch(namespace):
         raise InvalidIdentity(
             f"POD_NAMESPACE {namespace[:80]!r} is not a valid namespace (an RFC 1123 label: at "
             "most 63 lower-case letters, digits and '-'): set it from the downward API "
             f"(fieldRef {FIELD_PATHS['POD_NAMESPACE']})"
         )
-    if not _DNS_SUBDOMAIN.fullmatch(name):
+    if not DNS_SUBDOMAIN.fullmatch(name):
         raise InvalidIdentity(
             f"POD_NAME {name[:80]!r} is not a valid pod name (an RFC 1123 subdomain: at most 253 "
             "lower-case letters, digits, '-' and '.'): set it from the downward API "

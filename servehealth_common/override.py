@@ -2,8 +2,8 @@
 
 ``ray-serve-health/override: out-of-service`` takes a pod out of service whatever its health,
 ``in-service`` keeps it in service; any other value is ignored (surrounding blanks aside), by
-the aggregator (:mod:`aggregator.decision.override`: one warning Event per value seen) and by the agents
-in fallback alike: a pod annotated ``maintenance`` is judged by its health.
+the aggregator (:mod:`aggregator.decision.override`: one warning Event per value seen) and by
+the agents in fallback alike: a pod annotated ``maintenance`` is judged by its health.
 """
 
 from __future__ import annotations

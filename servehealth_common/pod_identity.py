@@ -7,8 +7,17 @@ these two, and no other type means the same.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import NamedTuple
+
+#: Kubernetes: namespaces are RFC 1123 labels, pod names RFC 1123 subdomains. Use with
+#: ``fullmatch``. The aggregator checks a hello against them, and a sidecar its own pod at start
+#: (one rule: a name the aggregator would refuse stops the agent instead).
+DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+DNS_SUBDOMAIN = re.compile(
+    r"(?=.{1,253}\Z)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+)
 
 
 class PodKey(NamedTuple):

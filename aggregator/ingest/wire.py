@@ -6,8 +6,6 @@ text is what the agent reads in its INVALID_ARGUMENT status.
 
 from __future__ import annotations
 
-import re
-
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.message import DecodeError
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -16,14 +14,9 @@ from aggregator.decision.tracker import Observation, PodRecord, StateChange
 from aggregator.registry import PodViewFacts
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth_common.classify import truncate_reason
-from servehealth_common.pod_identity import PodInfo, PodKey
+from servehealth_common.pod_identity import DNS_LABEL, DNS_SUBDOMAIN, PodInfo, PodKey
 from servehealth_common.states import OBSERVABLE_STATES, Source, label_value
 
-# Kubernetes: namespaces are RFC 1123 labels, pod names RFC 1123 subdomains.
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(
-    r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-)
 _REPORTABLE = {int(state): state for state in OBSERVABLE_STATES}
 
 
@@ -51,9 +44,9 @@ def _pod_key(ref: pb.PodRef, where: str) -> PodKey:
         raise InvalidMessage(f"{where}.namespace is empty")
     if not ref.name:
         raise InvalidMessage(f"{where}.name is empty")
-    if not _DNS_LABEL.fullmatch(ref.namespace):
+    if not DNS_LABEL.fullmatch(ref.namespace):
         raise InvalidMessage(f"{where}.namespace {ref.namespace[:80]!r} is not a valid namespace")
-    if not _DNS_SUBDOMAIN.fullmatch(ref.name):
+    if not DNS_SUBDOMAIN.fullmatch(ref.name):
         raise InvalidMessage(f"{where}.name {ref.name[:80]!r} is not a valid pod name")
     return PodKey(ref.namespace, ref.name)
 
