@@ -1,10 +1,10 @@
 """Where pods come from and where their serve label goes.
 
 A backend answers two questions for the core: may this pod be tracked (``admit``), and make
-this pod say this (``desire``): it writes what
-:func:`servehealth_common.pod_writes.rule.write_needed` calls for, given what the pod
-``carried``. The in-memory backend needs no cluster: pods register through their agent's hello
-and labels live in a dict.
+this pod say this (``desire``): it writes what the pod's desired state
+(:func:`servehealth_common.pod_writes.desired.desired`) differs in from what the pod
+``carried`` (:func:`servehealth_common.pod_writes.rule.write_needed`). The in-memory backend
+needs no cluster: pods register through their agent's hello and labels live in a dict.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from aggregator.decision.serve_view import UNKNOWN, ProxyIntent
 from aggregator.decision.shadow import Target, WouldBeWrites
 from aggregator.decision.tracker import StateChange
 from servehealth_common.pod_identity import PodInfo, PodKey
-from servehealth_common.pod_writes.rule import WriteKind, write_needed
+from servehealth_common.pod_writes.desired import Known, desired
+from servehealth_common.pod_writes.rule import WriteKind
 
 log = logging.getLogger(__name__)
 
@@ -178,9 +179,12 @@ class MemoryRegistry(PodRegistry):
         return True
 
     def desire(self, key: PodKey, value: str, transition: StateChange | None = None) -> None:
+        carried = self.carried(key, WriteKind.LABEL)
+        # The label alone, as wanted: no condition, no override, without a cluster.
+        wanted = desired(Known(value, writes_label=True, writes_condition=False, label=carried))
         if self._shadow is not None:
-            self._shadow.want(key, WriteKind.LABEL, self.carried(key, WriteKind.LABEL), value)
-        elif write_needed(WriteKind.LABEL, self.carried(key, WriteKind.LABEL), value):
+            self._shadow.want(key, WriteKind.LABEL, carried, value)
+        elif WriteKind.LABEL in wanted.writes:
             self._labels[key] = value
             log.info("label %s=%s on pod %s (memory backend)", self.label_key, value, key)
 

@@ -6,8 +6,10 @@ whatever its health (a false negative, in an emergency). Any other value is igno
 warning Event and a log line per value seen); taking the annotation off returns the pod to what
 its health says.
 
-The override changes only what is written (the label, the condition) and what inspection calls
-the wanted value; the probed state goes on being tracked, and shown, as if there were none.
+The override changes only what is written (the label, the condition: what the pod should carry
+is :func:`servehealth_common.pod_writes.desired.desired`'s, the override's rule first) and what
+inspection calls the wanted value; the probed state goes on being tracked, and shown, as if
+there were none.
 Kubernetes pods carry it (:mod:`aggregator.kube.registry`); the memory backend has no
 annotations.
 """
@@ -38,14 +40,7 @@ __all__ = [
     "OverrideChange",
     "change",
     "reason",
-    "wanted",
 ]
-
-
-def wanted(health: str | None, override: Override) -> str | None:
-    """What the pod should carry: the override's value, else what its health wants (``None``:
-    leave what it carries, e.g. a removal PANIC holds; an override is never held)."""
-    return override.label if override.label is not None else health
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,8 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from aggregator.decision.override import ANNOTATION, NONE, Override, change
-from aggregator.decision.override import wanted as override_wanted
+from aggregator.decision.override import NONE, Override, change
 from aggregator.decision.serve_view import UNKNOWN, ProxyIntent, proxy_meant
 from aggregator.decision.shadow import Target, WouldBeWrites
 from aggregator.decision.tracker import StateChange
@@ -38,7 +37,8 @@ from aggregator.pull.serve_view_poller import (
 from aggregator.registry import PodRegistry, PodSink, PodViewFacts
 from servehealth_common import fallback_marks
 from servehealth_common.pod_identity import PodInfo, PodKey
-from servehealth_common.pod_writes.rule import NO_PROXY_BY_DESIGN, WriteKind, condition_status
+from servehealth_common.pod_writes.desired import Desired, Known, desired
+from servehealth_common.pod_writes.rule import NO_PROXY_BY_DESIGN, WriteKind
 from servehealth_common.states import ServeState
 
 log = logging.getLogger(__name__)
@@ -160,36 +160,49 @@ class KubeRegistry(PodRegistry):
         return pod.key in self._pods
 
     def desire(self, key: PodKey, value: str, transition: StateChange | None = None) -> None:
-        """Hand the writer every target that must say ``value`` (an override's value instead,
+        """Hand the writer every target of the pod's desired state for ``value``
+        (:func:`~servehealth_common.pod_writes.desired.desired`: an override's value instead,
         if the pod has one; the writer writes only what
         :func:`~servehealth_common.pod_writes.rule.write_needed` calls for); an Event if anything
         moves."""
         pod = self._pods.get(key)
         if pod is None:
             return
-        value = pod.override.label or value
-        moves = False
-        if self.settings.writes_label:
-            moves |= self.writer.want(key, WriteKind.LABEL, value)
-        if self.settings.writes_condition and self.settings.condition_type in pod.readiness_gates:
-            message = _override_message(pod.override)
-            if message is None and transition is not None:
-                message = f"{transition.new.name}: {transition.reason}"[:512]
-            condition = self._condition(key, value)
-            moves |= self.writer.want(key, WriteKind.CONDITION, condition, message)
-            if condition == NO_PROXY_BY_DESIGN and not self.settings.writes_label:
-                self._kubelet.no_proxy_routed(key.namespace, pod.cluster, key.name, pod.labels)
+        message = f"{transition.new.name}: {transition.reason}" if transition else None
+        wanted = self._desired(pod, value, message=message)
+        moves = self._want(key, wanted)
+        if wanted.condition == NO_PROXY_BY_DESIGN and not self.settings.writes_label:
+            self._kubelet.no_proxy_routed(key.namespace, pod.cluster, key.name, pod.labels)
         if moves and self.events is not None and transition is not None and self._told(transition):
             self.events.record(pod.info, transition)
 
-    def _condition(self, key: PodKey, label: str) -> str:
-        """The condition that goes with ``label``: True for a pod with no proxy by design
-        (unless an override decides)."""
-        assert self._sink is not None
-        pod = self._pods.get(key)
-        overridden = pod is not None and pod.override.value is not None
-        by_design = not overridden and self._sink.no_proxy_by_design(key)
-        return condition_status(label, by_design=by_design)
+    def _desired(
+        self, pod: KubePod, health: str | None, *, message: str | None = None, repair: bool = False
+    ) -> Desired:
+        """What ``pod`` should carry when its health calls for ``health`` (None: leave it):
+        :func:`~servehealth_common.pod_writes.desired.desired`, from the pod as the watch last
+        showed it and the core's judgement of its proxy."""
+        known = Known(
+            health,
+            writes_label=self.settings.writes_label,
+            writes_condition=self.settings.writes_condition,
+            gated=self.settings.condition_type in pod.readiness_gates,
+            override=pod.override,
+            by_design=self._sink is not None and self._sink.no_proxy_by_design(pod.key),
+            label=pod.labels.get(self.settings.label_key),
+            condition=pod.conditions.get(self.settings.condition_type),
+            message=message,
+            repair=repair,
+        )
+        return desired(known)
+
+    def _want(self, key: PodKey, wanted: Desired) -> bool:
+        """Hand the writer each target of ``wanted``; True if any write is now pending."""
+        moves = False
+        for kind, value in wanted.targets():
+            message = wanted.message if kind is WriteKind.CONDITION else None
+            moves |= self.writer.want(key, kind, value, message)
+        return moves
 
     def override(self, key: PodKey) -> Override:
         pod = self._pods.get(key)
@@ -223,17 +236,16 @@ class KubeRegistry(PodRegistry):
         )
 
     def targets(self, key: PodKey, wanted: str) -> list[Target]:
-        """The label and, for a pod with the readiness gate, the condition, as the mode says."""
+        """The label and, for a pod with the readiness gate, the condition, as the mode says:
+        the pod's desired state for ``wanted`` (which :meth:`wanted` gave: the override is
+        already in it, and applied again to the same value)."""
         pod = self._pods.get(key)
         if pod is None:
             return []
-        found: list[Target] = []
-        if self.settings.writes_label:
-            found.append((WriteKind.LABEL, self.carried(key, WriteKind.LABEL), wanted))
-        if self.settings.writes_condition and self.settings.condition_type in pod.readiness_gates:
-            condition = self._condition(key, wanted)
-            found.append((WriteKind.CONDITION, self.carried(key, WriteKind.CONDITION), condition))
-        return found
+        return [
+            (kind, self.carried(key, kind), value)
+            for kind, value in self._desired(pod, wanted).targets()
+        ]
 
     def pod(self, key: PodKey) -> PodInfo | None:
         pod = self._pods.get(key)
@@ -317,18 +329,9 @@ class KubeRegistry(PodRegistry):
         # Someone else may have changed the label (or the condition): the writer puts back
         # what we want wherever write_needed says it differs. A condition nobody wrote yet is
         # not drift: it is written with the pod's first transition (or its override).
-        wanted = self.wanted(pod.key, self._sink.desired_label(pod.key))
-        moves = False
-        if wanted is not None:
-            if self.settings.writes_label:
-                moves |= self.writer.want(pod.key, WriteKind.LABEL, wanted)
-            if gated and (
-                self.carried(pod.key, WriteKind.CONDITION) is not None
-                or pod.override.value is not None
-            ):
-                condition = self._condition(pod.key, wanted)
-                message = _override_message(pod.override)
-                moves |= self.writer.want(pod.key, WriteKind.CONDITION, condition, message)
+        moves = self._want(
+            pod.key, self._desired(pod, self._sink.desired_label(pod.key), repair=True)
+        )
         if pod.override != before:
             self._override_changed(pod, before, moves)
 
@@ -336,7 +339,7 @@ class KubeRegistry(PodRegistry):
         """What the pod should carry: its override's value, else ``health`` (what the core
         wants; None: leave it)."""
         pod = self._pods.get(key)
-        return override_wanted(health, pod.override) if pod is not None else health
+        return self._desired(pod, health).value if pod is not None else health
 
     def _override_changed(self, pod: KubePod, before: Override | None, moves: bool) -> None:
         """An Event and a log line for an override applied, removed or ignored. A pod seen for
@@ -388,10 +391,3 @@ class KubeRegistry(PodRegistry):
     async def refresh(self, key: PodKey) -> None:
         body = await self.api.get_pod(key)
         self._upsert(parse_pod(body, self.settings.proxy_port))
-
-
-def _override_message(override: Override) -> str | None:
-    """The condition's message while an override decides (None: the transition's)."""
-    if override.value is None:
-        return None
-    return f"override {override.value} ({ANNOTATION}): the pod's health does not decide"

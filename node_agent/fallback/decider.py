@@ -38,8 +38,8 @@ from node_agent.fallback.budget import ApiBudget
 from node_agent.fallback.lease_gate import LeaseGate, LeaseName
 from node_agent.fallback.phase import ALLOWED, FallbackChange, FallbackPhase
 from node_agent.fallback.rules import (
+    LABELS,
     SIDES,
-    VALUES,
     PodFacts,
     Streak,
     WhosePods,
@@ -49,7 +49,8 @@ from node_agent.fallback.rules import (
     refusal,
 )
 from servehealth_common.pod_identity import PodKey
-from servehealth_common.pod_writes.rule import NO_PROXY_BY_DESIGN, WriteKind, write_needed
+from servehealth_common.pod_writes.desired import Known, desired
+from servehealth_common.pod_writes.rule import NO_PROXY_BY_DESIGN, WriteKind
 from servehealth_common.states import ServeState
 
 Clock = Callable[[], float]
@@ -316,20 +317,32 @@ class Fallback:
             return
         if streak.count < rules.threshold(streak.side) or key in self._stale:
             return
-        for kind, name in rules.targets():
-            if kind is WriteKind.CONDITION and name not in facts.readiness_gates:
-                continue
-            carried, wanted = facts.carried(kind, name), VALUES[kind, streak.side]
-            if carried == NO_PROXY_BY_DESIGN and streak.state is ServeState.NO_PROXY:
-                continue  # the aggregator judged that no proxy is meant here
+        names = dict(rules.targets())
+        condition = facts.carried(WriteKind.CONDITION, rules.condition_type)
+        wanted = desired(
+            Known(
+                LABELS[streak.side],
+                writes_label=bool(rules.label_key),
+                writes_condition=bool(rules.condition_type),
+                gated=rules.condition_type in facts.readiness_gates,
+                # (No override: an agent writes none.) The aggregator judged that no proxy is
+                # meant here, and only it has the serve view: the pod keeps that condition.
+                by_design=condition == NO_PROXY_BY_DESIGN and streak.state is ServeState.NO_PROXY,
+                label=facts.carried(WriteKind.LABEL, rules.label_key),
+                condition=condition,
+            )
+        )
+        for kind, value in wanted.targets():
             target = (key, kind)
-            if not write_needed(kind, carried, wanted) or wanted in (
+            if kind not in wanted.writes or value in (
                 self._in_flight.get(target),
                 self._given_up.get(target),
             ):
                 continue
             state, reason, version = streak.state, streak.reason, facts.resource_version
-            yield Write(key, facts.uid, kind, name, wanted, state, reason, self._epoch, version)
+            yield Write(
+                key, facts.uid, kind, names[kind], value, state, reason, self._epoch, version
+            )
 
     def _lease_judged(self) -> bool:
         """Whether the Lease (if any) is observed now, or was never readable (no gate)."""

@@ -80,12 +80,9 @@ SIDES = {
     ServeState.DRAINING: Side.OUT,
     ServeState.NO_PROXY: Side.OUT,
 }
-VALUES = {
-    (WriteKind.LABEL, Side.IN): "true",
-    (WriteKind.LABEL, Side.OUT): "false",
-    (WriteKind.CONDITION, Side.IN): "True",
-    (WriteKind.CONDITION, Side.OUT): "False",
-}
+#: The label each side calls for (the condition that goes with it, and whether either is
+#: written, are :func:`servehealth_common.pod_writes.desired.desired`'s).
+LABELS = {Side.IN: "true", Side.OUT: "false"}
 
 
 @dataclass(slots=True)

@@ -2,6 +2,8 @@
 fallback decide and build their writes with these, so that an agent writes what the aggregator
 would (pure: no I/O).
 
+- :mod:`.desired`: what a pod should carry (the label, the condition and its message), from
+  what is known of it: its health, the override, the mode, the gate, what it carries;
 - :mod:`.rule`: whether a write is needed (a missing label counts as ``"false"``), the
   condition a value is written as (``NoProxyByDesign`` included), what a pod carries as read,
   and which of two readings of a pod is the earlier;

@@ -1,5 +1,6 @@
-"""The manual override (``aggregator/decision/override.py``, pure): what an annotation means, what
-the pod then should carry, and which change of it is worth an Event."""
+"""The manual override (``aggregator/decision/override.py``, pure): what an annotation means and
+which change of it is worth an Event (what the pod then should carry, the override beating its
+health and PANIC's holds: tests/unit/test_desired.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ from aggregator.decision.override import (
     Override,
     change,
     reason,
-    wanted,
 )
 
 
@@ -31,21 +31,6 @@ from aggregator.decision.override import (
 )
 def test_parse(raw: str | None, expected: Override) -> None:
     assert Override.parse(raw) == expected
-
-
-@pytest.mark.parametrize(
-    ("health", "override", "expected"),
-    [
-        pytest.param("true", NONE, "true", id="none-health-decides"),
-        pytest.param(None, NONE, None, id="none-panic-holds"),
-        pytest.param("true", Override(value=OUT_OF_SERVICE), "false", id="out-beats-healthy"),
-        pytest.param(None, Override(value=OUT_OF_SERVICE), "false", id="out-not-held-by-panic"),
-        pytest.param("false", Override(value=IN_SERVICE), "true", id="in-beats-failing"),
-        pytest.param("false", Override(ignored="nope"), "false", id="ignored-health-decides"),
-    ],
-)
-def test_wanted(health: str | None, override: Override, expected: str | None) -> None:
-    assert wanted(health, override) == expected
 
 
 OUT = Override(value=OUT_OF_SERVICE)
