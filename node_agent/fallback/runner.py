@@ -335,8 +335,8 @@ class FallbackRunner:
         if transition.new is FallbackPhase.FALLBACK:
             pods = 1 if self._own_pod is not None else self.core.own_pods()
             log.warning(
-                "%s for %.0fs: writing for my %d pod%s myself (%s) until one accepts this "
-                "agent's stream",
+                "%s for %.0fs: writing for my %d pod%s myself (%s; a pod is written only "
+                "where it does not carry what it should) until one accepts this agent's stream",
                 WHY,
                 transition.seconds,
                 pods,
