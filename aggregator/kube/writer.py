@@ -93,13 +93,15 @@ class Writer:
 
     def want(self, key: PodKey, kind: WriteKind, value: str, message: str | None = None) -> bool:
         """Make ``kind`` of ``key`` say ``value``; ``message`` (conditions) None keeps the one
-        already wanted. True if a write is now pending for it (False: nothing to write)."""
+        already wanted for that same value (a message wanted with another value described
+        that one: an override's, say, removed before its write was sent). True if a write is
+        now pending for it (False: nothing to write)."""
         target = (key, kind)
         pending = self._wanted.get(target)
         if pending is None and not write_needed(kind, self._pods.carried(key, kind), value):
             return False
         if message is None:
-            message = pending[1] if pending is not None else ""
+            message = pending[1] if pending is not None and pending[0] == value else ""
         if pending is None:
             self._since[target] = time.monotonic()
         self._wanted[target] = (value, message)

@@ -197,3 +197,23 @@ async def test_the_aggregator_removes_an_agents_mark_with_its_label() -> None:
     assert patches[WriteKind.LABEL] == {
         "metadata": {"labels": {LABEL: "false"}, "annotations": {fallback_marks.ANNOTATION: None}}
     }
+
+
+async def test_a_message_wanted_with_another_value_is_not_kept() -> None:
+    """An override's condition write, still pending when the override goes, is replaced by the
+    health's value: its message ("the pod's health does not decide") must not come along; a
+    second want of the same value without a message keeps the first one's."""
+    api = RecordingApi()
+    settings = WriterSettings(LABEL, GATE, qps=1000, burst=1000, concurrency=1)
+    writer = Writer(api, settings, Metrics("test"), Copies(parse_pod(raw_pod("true", None), 8000)))
+    override = (
+        "override out-of-service (ray-serve-health/override): the pod's health does not decide"
+    )
+    assert writer.want(KEY, WriteKind.CONDITION, "False", override)
+    assert writer.want(KEY, WriteKind.CONDITION, "False")  # same value: the message stays
+    assert writer._wanted[(KEY, WriteKind.CONDITION)] == ("False", override)
+    assert writer.want(KEY, WriteKind.CONDITION, "True")  # the override is gone
+    assert await writer._write_if_needed((KEY, WriteKind.CONDITION)) is None
+    (condition,) = api.patches[WriteKind.CONDITION]["status"]["conditions"]
+    assert condition["status"] == "True"
+    assert "override" not in condition["message"]
