@@ -84,6 +84,17 @@ def releases(kube: KubeEmulator) -> list[ApiCall]:
     ]
 
 
+def the_release(kube: KubeEmulator) -> ApiCall:
+    """The aggregator's one release of the Lease. Its HTTP client may send the same request
+    twice (urllib3 retries a PUT whose keep-alive connection the server closed as it was
+    reused; seen once in CI on a loaded machine): the copies must be the same request, and the
+    first one counts."""
+    found = releases(kube)
+    assert found, "the aggregator did not release the Lease"
+    assert all(call.body == found[0].body for call in found), [c.body for c in found]
+    return found[0]
+
+
 async def start(tmp_path: Path, kubeconfig: Path) -> harness.AggregatorProcess:
     return await asyncio.to_thread(
         leading_aggregator,
@@ -115,9 +126,10 @@ async def test_sigterm_releases_the_lease(
     assert lease_holder(kube) == "", spec
     assert spec["leaseDurationSeconds"] == 1, spec
     # The release is the aggregator's last write, of the Lease or of anything else.
-    [release] = releases(kube)
+    release = the_release(kube)
+    copies = releases(kube)
     later = [c for m in ("POST", "PUT", "PATCH", "DELETE") for c in kube.requests(m)]
-    assert [c for c in later if by_aggregator(c) and c.at > release.at] == []
+    assert [c for c in later if by_aggregator(c) and c.at > release.at and c not in copies] == []
 
 
 async def test_a_refused_agent_falls_back_at_once_when_its_aggregator_stops(
@@ -151,7 +163,7 @@ async def test_a_refused_agent_falls_back_at_once_when_its_aggregator_stops(
     assert pod_writes_by_agents(kube) == [], agent.tail()
 
     assert await asyncio.to_thread(aggregator.stop, 30.0) == 0, aggregator.tail()
-    [release] = releases(kube)
+    release = the_release(kube)
     await eventually(lambda: kube.pod_labels("default", "worker")[LABEL] == "false", WAIT)
     written = pod_writes_by_agents(kube)
     assert {call.name for call in written} == {"worker"}
