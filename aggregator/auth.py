@@ -321,24 +321,37 @@ def check_hello(
             "tokens of agents may report"
         )
     if sidecar:
-        if not identity.pod_name:
-            raise PermissionDenied(
-                f"the token of ServiceAccount {identity.service_account_ref} is not bound to a "
-                "pod: mount a projected serviceAccountToken volume in the agent's pod"
-            )
-        if pod != (identity.namespace, identity.pod_name):
-            named = f"{pod[0]}/{pod[1]}" if pod else "no pod"
-            raise PermissionDenied(
-                f"the token of pod {identity.namespace}/{identity.pod_name} may not report for "
-                f"{named}: a sidecar reports only for its own pod"
-            )
-        if identity.pod_uid and pod_uid != identity.pod_uid:
-            # Also an empty one: the name alone could be a new pod's, the token an old one's.
-            raise PermissionDenied(
-                f"hello.pod.uid {pod_uid or '(empty)'} is not the uid of the token's pod "
-                f"{identity.namespace}/{identity.pod_name} ({identity.pod_uid})"
-            )
+        _check_sidecar(identity, pod, pod_uid)
         return None
+    _check_node_agent(identity, node_name, node_agents, knows_nodes)
+    return identity.node_name
+
+
+def _check_sidecar(identity: TokenIdentity, pod: tuple[str, str] | None, pod_uid: str) -> None:
+    """A sidecar's token is bound to the pod its hello names, uid included."""
+    if not identity.pod_name:
+        raise PermissionDenied(
+            f"the token of ServiceAccount {identity.service_account_ref} is not bound to a "
+            "pod: mount a projected serviceAccountToken volume in the agent's pod"
+        )
+    if pod != (identity.namespace, identity.pod_name):
+        named = f"{pod[0]}/{pod[1]}" if pod else "no pod"
+        raise PermissionDenied(
+            f"the token of pod {identity.namespace}/{identity.pod_name} may not report for "
+            f"{named}: a sidecar reports only for its own pod"
+        )
+    if identity.pod_uid and pod_uid != identity.pod_uid:
+        # Also an empty one: the name alone could be a new pod's, the token an old one's.
+        raise PermissionDenied(
+            f"hello.pod.uid {pod_uid or '(empty)'} is not the uid of the token's pod "
+            f"{identity.namespace}/{identity.pod_name} ({identity.pod_uid})"
+        )
+
+
+def _check_node_agent(
+    identity: TokenIdentity, node_name: str, node_agents: Collection[str], knows_nodes: bool
+) -> None:
+    """A DaemonSet agent's token is one of ``node_agents`` and names the hello's node."""
     if identity.service_account_ref not in node_agents:
         raise PermissionDenied(
             f"ServiceAccount {identity.service_account_ref} may not report as a DaemonSet "
@@ -360,7 +373,6 @@ def check_hello(
             "DaemonSet agents can be bound to their node only with --kube-backend kubernetes "
             "(the memory backend does not know which node a pod runs on)"
         )
-    return identity.node_name
 
 
 def check_pod_node(node: str, pod: str, pod_node: str | None) -> bool:

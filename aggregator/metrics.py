@@ -75,6 +75,14 @@ class Metrics:
         Info(f"{PREFIX}_build", "Aggregator build information.", registry=r).info(
             {"version": version}
         )
+        self._declare_streams(r)
+        self._declare_writes(r)
+        self._declare_probes(r)
+        self._declare_protection(r)
+        self._declare_leadership(r)
+
+    def _declare_streams(self, r: CollectorRegistry) -> None:
+        """The report streams, token checks and inspection watchers."""
         self.reports = Counter(f"{PREFIX}_reports", "Pod reports received from agents.", registry=r)
         self.transitions = Counter(
             f"{PREFIX}_transitions",
@@ -134,6 +142,9 @@ class Metrics:
             f"{PREFIX}_transition_watchers", "Open WatchTransitions streams.", registry=r
         )
 
+    def _declare_writes(self, r: CollectorRegistry) -> None:
+        """The Kubernetes side: writes, retries, denials, watches, Events, shadow mode, the
+        serve view."""
         self.label_writes = Counter(
             f"{PREFIX}_label_writes",
             "Kubernetes writes of the serve label or readiness condition, by kind and result "
@@ -185,6 +196,9 @@ class Metrics:
             registry=r,
         )
 
+    def _declare_probes(self, r: CollectorRegistry) -> None:
+        """The pull fallback's probes, the probe latency agents report, how long writes take,
+        and what the kubelet and the agents did."""
         self.pull_probes = Counter(
             f"{PREFIX}_pull_probes",
             "Probes of pods made by the aggregator itself (pull fallback), by resulting state.",
@@ -229,6 +243,9 @@ class Metrics:
             "--leader-elect, at start: the agents' marks still standing).",
             registry=r,
         )
+
+    def _declare_protection(self, r: CollectorRegistry) -> None:
+        """Self-protection: PANIC, the writes it holds, its looks and restores."""
         self.panic = Gauge(
             f"{PREFIX}_panic",
             "1 while the aggregator suspects itself and holds writes that remove pods.",
@@ -252,6 +269,9 @@ class Metrics:
             "within one pull interval before it (the first signs of the mass failure).",
             registry=r,
         )
+
+    def _declare_leadership(self, r: CollectorRegistry) -> None:
+        """Leader election."""
         self.leader = Gauge(
             f"{PREFIX}_leader",
             "1 while this replica leads (accepts reports, writes to the API), 0 as a standby; "

@@ -32,6 +32,7 @@ from aggregator.inspection_service import InspectionService
 from aggregator.kube.api import KubeApi
 from aggregator.kube.registry import KubeRegistry, KubeSettings
 from aggregator.leader.elector import ElectionSettings
+from aggregator.leader.label import LeaderLabel
 from aggregator.leader.lease import (
     LeaderElectionConfigError,
     candidate_identity,
@@ -320,6 +321,22 @@ def make_shadow(
     return shadow
 
 
+def make_metrics_server(
+    flags: AggregatorFlags, metrics: Metrics, lifecycle: Lifecycle, label: LeaderLabel | None
+) -> MetricsServer | None:
+    """/metrics, /livez and /readyz on --metrics-listen (None: turned off)."""
+    settings = metrics_server_settings(flags)
+    if not settings:
+        return None
+    checks: dict[str, HealthCheck] = {
+        "/livez": lambda: None,  # answered at all: the event loop runs
+        "/readyz": lambda: not_ready(lifecycle.phase, label is None or label.settled),
+    }
+    return MetricsServer(
+        metrics.registry, settings, metrics.metrics_connections_refused.inc, checks=checks
+    )
+
+
 def build_aggregator(
     flags: AggregatorFlags,
     *,
@@ -341,12 +358,7 @@ def build_aggregator(
     )
     guard = make_guard(flags, metrics, knows_nodes=registry.seeds_from_cluster)
     shadow = make_shadow(flags, core, registry, metrics)
-    metrics_settings = metrics_server_settings(flags)
     label = election.label if election is not None else None
-    checks: dict[str, HealthCheck] = {
-        "/livez": lambda: None,  # answered at all: the event loop runs
-        "/readyz": lambda: not_ready(lifecycle.phase, label is None or label.settled),
-    }
     return Aggregator(
         port_settings(flags),
         lifecycle=lifecycle,
@@ -369,16 +381,7 @@ def build_aggregator(
             shadow=shadow,
             registry=registry,
         ),
-        metrics_server=(
-            MetricsServer(
-                metrics.registry,
-                metrics_settings,
-                metrics.metrics_connections_refused.inc,
-                checks=checks,
-            )
-            if metrics_settings
-            else None
-        ),
+        metrics_server=make_metrics_server(flags, metrics, lifecycle, label),
         guard=guard,
         election=election,
     )
