@@ -5,25 +5,9 @@ No figure is asserted beyond sanity (docs/benchmarks.md has them)."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
-from testsupport import harness
-
-
-def run(tmp_path: Path, module: str, *args: str) -> dict[str, object]:
-    output = tmp_path / f"{module}.json"
-    result = subprocess.run(
-        [sys.executable, "-m", f"bench.{module}", *args, "--output", str(output)],
-        cwd=harness.REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return json.loads(output.read_text())
+from tests.bench.test_smoke import run
 
 
 def test_failover_on_a_slow_api_smoke(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import kubernetes_validate
 import pytest
 import yaml
 
@@ -197,24 +198,22 @@ def test_production_renders_the_level_and_three_flow_schemas(
 
 @pytest.mark.parametrize("version", ["1.29.0", "1.30.0", "latest"])
 def test_objects_are_valid_flowcontrol_v1(production: list[dict[str, Any]], version: str) -> None:
-    validator = pytest.importorskip("kubernetes_validate")
-    version = validator.latest_version() if version == "latest" else version
+    version = kubernetes_validate.latest_version() if version == "latest" else version
     for obj in production:
         if obj["apiVersion"].startswith("flowcontrol.apiserver.k8s.io/"):
-            validator.validate(obj, version, strict=True)
+            kubernetes_validate.validate(obj, version, strict=True)
 
 
 def test_flowcontrol_v1_does_not_exist_before_kubernetes_1_29(
     production: list[dict[str, Any]],
 ) -> None:
     """The component needs 1.29 (docs/install.md says so); the check above is not vacuous."""
-    validator = pytest.importorskip("kubernetes_validate")
     level = find(production, "PriorityLevelConfiguration", LEVEL)
-    with pytest.raises(validator.SchemaNotFoundError):
-        validator.validate(level, "1.28.0", strict=True)
+    with pytest.raises(kubernetes_validate.SchemaNotFoundError):
+        kubernetes_validate.validate(level, "1.28.0", strict=True)
     broken = {**level, "spec": {**level["spec"], "limited": {"nominalConcurencyShares": 10}}}
-    with pytest.raises(validator.ValidationError):
-        validator.validate(broken, "1.30.0", strict=True)
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, "1.30.0", strict=True)
 
 
 def test_the_level_is_limited_and_queues(production: list[dict[str, Any]]) -> None:
@@ -421,8 +420,7 @@ def test_a_sidecar_account_added_as_docs_install_md_shows_goes_to_our_level(
     schema = find(objects, "FlowSchema", "ray-serve-health-agents")
     assert ("ray", "rayservice-sample") in subjects(schema)
     assert (NAMESPACE, AGENT_SA) in subjects(schema)  # the DaemonSet's stays
-    validator = pytest.importorskip("kubernetes_validate")
-    validator.validate(schema, "1.30.0", strict=True)
+    kubernetes_validate.validate(schema, "1.30.0", strict=True)
     request = Request("ray", "rayservice-sample", "patch", "", "pods/status", "ray")
     assert classify(all_schemas(objects), request) == ("ray-serve-health-agents", LEVEL)
 
