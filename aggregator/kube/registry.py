@@ -24,7 +24,7 @@ from aggregator.kube.discovery import Discovery
 from aggregator.kube.events import EventRecorder
 from aggregator.kube.kubelet_probe import KubeletWarnings
 from aggregator.kube.pod_view import pod_view
-from aggregator.kube.pods import KubePod, older, parse_pod
+from aggregator.kube.pods import KubePod, parse_pod
 from aggregator.kube.shadow import ShadowEvents, ShadowWriter
 from aggregator.kube.writer import Writer, WriterSettings
 from aggregator.metrics import Metrics
@@ -172,7 +172,7 @@ class KubeRegistry(PodRegistry):
         wanted = self._desired(pod, value, message=message)
         moves = self._want(key, wanted)
         if wanted.condition == NO_PROXY_BY_DESIGN and not self.settings.writes_label:
-            self._kubelet.no_proxy_routed(key.namespace, pod.cluster, key.name, pod.labels)
+            self._kubelet.no_proxy_routed(key.namespace, pod.cluster, key.name, pod.writable.labels)
         if moves and self.events is not None and transition is not None and self._told(transition):
             self.events.record(pod.info, transition)
 
@@ -186,11 +186,11 @@ class KubeRegistry(PodRegistry):
             health,
             writes_label=self.settings.writes_label,
             writes_condition=self.settings.writes_condition,
-            gated=self.settings.condition_type in pod.readiness_gates,
-            override=pod.override,
+            gated=self.settings.condition_type in pod.writable.readiness_gates,
+            override=pod.writable.override,
             by_design=self._sink is not None and self._sink.no_proxy_by_design(pod.key),
-            label=pod.labels.get(self.settings.label_key),
-            condition=pod.conditions.get(self.settings.condition_type),
+            label=pod.writable.carried(WriteKind.LABEL, self.settings.label_key),
+            condition=pod.writable.carried(WriteKind.CONDITION, self.settings.condition_type),
             message=message,
             repair=repair,
         )
@@ -206,14 +206,15 @@ class KubeRegistry(PodRegistry):
 
     def override(self, key: PodKey) -> Override:
         pod = self._pods.get(key)
-        return pod.override if pod is not None else NONE
+        return pod.writable.override if pod is not None else NONE
 
     def overrides(self) -> dict[str, int]:
         """Pods whose override is honoured, by value."""
         counts: dict[str, int] = {}
         for pod in self._pods.values():
-            if pod.override.value is not None:
-                counts[pod.override.value] = counts.get(pod.override.value, 0) + 1
+            value = pod.writable.override.value
+            if value is not None:
+                counts[value] = counts.get(value, 0) + 1
         return counts
 
     def _told(self, transition: StateChange) -> bool:
@@ -231,8 +232,8 @@ class KubeRegistry(PodRegistry):
         return sum(
             1
             for pod in self._pods.values()
-            if pod.fallback_mark is not None
-            and (since is None or fallback_marks.written_after(pod.fallback_mark, since))
+            if (mark := pod.writable.fallback_mark) is not None
+            and (since is None or fallback_marks.written_after(mark, since))
         )
 
     def targets(self, key: PodKey, wanted: str) -> list[Target]:
@@ -300,7 +301,7 @@ class KubeRegistry(PodRegistry):
 
     def _upsert(self, pod: KubePod) -> None:
         known = self._pods.get(pod.key)
-        if known is not None and older(pod, known):
+        if known is not None and pod.writable.earlier_than(known.writable):
             # A watch event of our own earlier write, arriving after the answer to a later
             # one (label and condition patches of one transition): it shows a state that is
             # already gone, and "repairing" it would be a spurious write.
@@ -310,29 +311,32 @@ class KubeRegistry(PodRegistry):
         self._kubelet.seen(pod.key.namespace, pod.cluster, pod.key.name, pod.kubelet_checks_serve)
         assert self._sink is not None
         gated = (
-            self.settings.writes_condition and self.settings.condition_type in pod.readiness_gates
+            self.settings.writes_condition
+            and self.settings.condition_type in pod.writable.readiness_gates
         )
         condition = self.carried(pod.key, WriteKind.CONDITION) if gated else None
         by_design = condition == NO_PROXY_BY_DESIGN
         # Seeded SERVING only where everything this aggregator writes on the pod says so: in
         # condition mode the label is not ours (KubeRay puts ray.io/serve=true on a new worker,
         # whose condition must still be written once), and a gated pod's condition is.
-        said = [pod.labels.get(self.settings.label_key)] if self.settings.writes_label else []
+        label_now = pod.writable.carried(WriteKind.LABEL, self.settings.label_key)
+        said = [label_now] if self.settings.writes_label else []
         said += ["true" if condition == "True" else None] if gated else []
         label = "true" if said and all(value == "true" for value in said) else None
         self._sink.pod_seen(pod.info, label, by_design=by_design)
-        if known is not None and pod.fallback_mark not in (None, known.fallback_mark):
+        mark = pod.writable.fallback_mark
+        if known is not None and mark not in (None, known.writable.fallback_mark):
             self._sink.agent_wrote(pod.key, label)  # newer than the seed: no repair back
         if pod.head and pod.cluster:
             self.serve_views.head_seen((pod.key.namespace, pod.cluster), self._dashboard(pod))
-        before = known.override if known is not None else None
+        before = known.writable.override if known is not None else None
         # Someone else may have changed the label (or the condition): the writer puts back
         # what we want wherever write_needed says it differs. A condition nobody wrote yet is
         # not drift: it is written with the pod's first transition (or its override).
         moves = self._want(
             pod.key, self._desired(pod, self._sink.desired_label(pod.key), repair=True)
         )
-        if pod.override != before:
+        if pod.writable.override != before:
             self._override_changed(pod, before, moves)
 
     def wanted(self, key: PodKey, health: str | None) -> str | None:
@@ -344,7 +348,7 @@ class KubeRegistry(PodRegistry):
     def _override_changed(self, pod: KubePod, before: Override | None, moves: bool) -> None:
         """An Event and a log line for an override applied, removed or ignored. A pod seen for
         the first time (a restart) gets one only if its override moves something."""
-        found = change(before or NONE, pod.override)
+        found = change(before or NONE, pod.writable.override)
         if found is None or (before is None and found.kind == "applied" and not moves):
             return
         log_at = logging.WARNING if found.warning else logging.INFO
@@ -364,13 +368,15 @@ class KubeRegistry(PodRegistry):
         pod = self._pods.get(key)
         if pod is None:
             return None
-        if kind is WriteKind.LABEL:
-            return pod.labels.get(self.settings.label_key)
-        return pod.conditions.get(self.settings.condition_type)
+        return pod.writable.carried(kind, self._name(kind))
+
+    def _name(self, kind: WriteKind) -> str:
+        """The label key or condition type this aggregator writes for ``kind``."""
+        return self.settings.label_key if kind is WriteKind.LABEL else self.settings.condition_type
 
     def marked(self, key: PodKey) -> bool:
         pod = self._pods.get(key)
-        return pod is not None and pod.fallback_annotated
+        return pod is not None and pod.writable.fallback_annotated
 
     def written(self, key: PodKey, kind: WriteKind, value: str, body: dict[str, Any]) -> None:
         pod = self._pods.get(key)
@@ -380,12 +386,10 @@ class KubeRegistry(PodRegistry):
             written = parse_pod(body, self.settings.proxy_port)
             # (An answer older than the copy was overtaken by a later version of the pod, which
             # shows this write and anything after it, judged as drift by the watch.)
-            self._pods[key] = pod if older(written, pod) else written
-        elif kind is WriteKind.LABEL:
-            self._pods[key] = replace(pod, labels={**pod.labels, self.settings.label_key: value})
+            self._pods[key] = pod if written.writable.earlier_than(pod.writable) else written
         else:
-            conditions = {**pod.conditions, self.settings.condition_type: value}
-            self._pods[key] = replace(pod, conditions=conditions)
+            carrying = pod.writable.carrying(kind, self._name(kind), value)
+            self._pods[key] = replace(pod, writable=carrying)
         self.views_changed(key)
 
     async def refresh(self, key: PodKey) -> None:

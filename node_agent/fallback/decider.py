@@ -45,7 +45,6 @@ from node_agent.fallback.rules import (
     WhosePods,
     Write,
     WriteRules,
-    carrying,
     refusal,
 )
 from servehealth_common.pod_identity import PodKey
@@ -228,7 +227,7 @@ class Fallback:
             self._pods.pop(facts.key, None)
             return why
         known = self._pods.get(facts.key)
-        if known is None or facts.newer_than(known):
+        if known is None or not facts.earlier_than(known):
             self._pods[facts.key] = facts
             self._dirty.add(facts.key)
             if self._stale.get(facts.key) not in (None, facts.resource_version):
@@ -389,7 +388,7 @@ class Fallback:
         if answer is not None:
             self.pod_seen(answer)
         elif written and known is not None and known.uid == write.uid:
-            self._pods[write.key] = carrying(known, write)
+            self._pods[write.key] = known.carrying(write.kind, write.name, write.value)
         self._dirty.add(write.key)
 
     def conflicted(self, write: Write) -> None:

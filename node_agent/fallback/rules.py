@@ -9,21 +9,20 @@ a pod carries.
   setting must not make an agent rewrite another label.
 - :class:`WhosePods`: a sidecar writes only for its own pod (namespace, name and uid from the
   downward API), a DaemonSet agent only for pods on its node (``spec.nodeName``).
-- :class:`PodFacts`: a pod as read from the API, and what it carries (read, and compared with
-  what is wanted, by the write rule both programs share: :mod:`servehealth_common.pod_writes`).
+- :data:`PodFacts`: a pod as read from the API, and what it carries: the aggregator's view of a
+  pod too (:class:`servehealth_common.pod_writes.pod.WritablePod`), compared with what is
+  wanted by the write rule both programs share (:mod:`servehealth_common.pod_writes`).
 """
 
 from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass
 
-from servehealth_common.override import Override
 from servehealth_common.pod_identity import PodKey
-from servehealth_common.pod_writes.rule import WriteKind, conditions_of, earlier
+from servehealth_common.pod_writes.pod import WritablePod
+from servehealth_common.pod_writes.rule import WriteKind
 from servehealth_common.states import ServeState
 
 #: The aggregator's default thresholds (--failure-threshold, --success-threshold).
@@ -155,50 +154,9 @@ def refusal(rules: WriteRules) -> str | None:
     return None
 
 
-@dataclass(frozen=True, slots=True)
-class PodFacts:
-    """One pod as read from the API: who it is, and what it carries now."""
-
-    key: PodKey
-    uid: str
-    node_name: str = ""
-    labels: Mapping[str, str] = field(default_factory=dict)
-    #: Condition type -> ``"True"``, ``"False"`` (or ``NoProxyByDesign``: ``True`` with that
-    #: reason, :func:`servehealth_common.pod_writes.rule.condition_value`).
-    conditions: Mapping[str, str] = field(default_factory=dict)
-    readiness_gates: frozenset[str] = frozenset()
-    #: Under a manual override the aggregator honours (``in-service``, ``out-of-service``);
-    #: another value is ignored, as the aggregator ignores it.
-    overridden: bool = False
-    resource_version: str = ""
-
-    @classmethod
-    def from_pod(cls, pod: Mapping[str, Any]) -> PodFacts:
-        metadata = pod.get("metadata") or {}
-        spec, status = pod.get("spec") or {}, pod.get("status") or {}
-        gates = spec.get("readinessGates") or []
-        return cls(
-            key=PodKey(metadata.get("namespace", ""), metadata.get("name", "")),
-            uid=str(metadata.get("uid", "")),
-            node_name=str(spec.get("nodeName", "") or ""),
-            labels=dict(metadata.get("labels") or {}),
-            conditions=conditions_of(status.get("conditions")),
-            readiness_gates=frozenset(str(g.get("conditionType", "")) for g in gates),
-            overridden=Override.of(metadata.get("annotations")).value is not None,
-            resource_version=str(metadata.get("resourceVersion", "")),
-        )
-
-    def carried(self, kind: WriteKind, name: str) -> str | None:
-        """What the pod carries for ``kind`` (None: absent; the write rule counts a missing
-        label as ``"false"``)."""
-        if kind is WriteKind.LABEL:
-            return self.labels.get(name)
-        return self.conditions.get(name)
-
-    def newer_than(self, other: PodFacts) -> bool:
-        """Not an earlier version of ``other`` (resourceVersions compared as the aggregator
-        does: only when both are integers of the same pod)."""
-        return not earlier(self.uid, self.resource_version, other.uid, other.resource_version)
+#: One pod as read from the API (or as an aggregator's ``PodView`` tells it), as the aggregator
+#: holds it too: the one view of a pod both programs decide their writes from.
+PodFacts = WritablePod
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,10 +197,3 @@ class Write:
 
     def __str__(self) -> str:
         return f"{self.kind.value} {self.name}={self.value} on pod {self.key}"
-
-
-def carrying(facts: PodFacts, write: Write) -> PodFacts:
-    """``facts`` after ``write``, when the API's answer did not show the pod."""
-    if write.kind is WriteKind.LABEL:
-        return replace(facts, labels={**facts.labels, write.name: write.value})
-    return replace(facts, conditions={**facts.conditions, write.name: write.value})

@@ -15,7 +15,8 @@ from servehealth_common.pod_identity import PodKey
 
 def facts_from_view(view: pb.PodView, writes: pb.WriteSettings) -> PodFacts | None:
     """A sidecar's pod as the aggregator told it (``AggregatorMessage.pod``), in the names of
-    that aggregator's ``writes``; None if it names no pod."""
+    that aggregator's ``writes``; None if it names no pod. The aggregator's pod narrowed to
+    those names (:meth:`~servehealth_common.pod_writes.pod.WritablePod.through`) again."""
     ref = view.pod
     if not ref.namespace or not ref.name:
         return None

@@ -2,6 +2,8 @@
 fallback decide and build their writes with these, so that an agent writes what the aggregator
 would (pure: no I/O).
 
+- :mod:`.pod`: a pod as both programs read it (what it carries, its readiness gates, its
+  resourceVersion, override and fallback marks), and what a view of it shows;
 - :mod:`.desired`: what a pod should carry (the label, the condition and its message), from
   what is known of it: its health, the override, the mode, the gate, what it carries;
 - :mod:`.rule`: whether a write is needed (a missing label counts as ``"false"``), the

@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from aggregator.kube.pods import fallback_mark
 from aggregator.leader.elector import micro_time
 from servehealth_common import fallback_marks
 from servehealth_common.pod_identity import PodKey
+from servehealth_common.pod_writes.pod import fallback_mark
 from servehealth_common.states import ServeState
 from tests.conftest import StartAggregator, eventually
 from tests.kube.test_leader_election import ELECTION, NAME, NS, is_serving

@@ -1,15 +1,18 @@
-"""Which of two versions of a pod is the later one (stale watch events are ignored)."""
+"""Which of two versions of a pod is the later one (stale watch events are ignored), as the
+aggregator's parsed pods tell (``KubePod.writable.earlier_than``, the agents' rule too)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
-from aggregator.kube.pods import older, parse_pod
+from aggregator.kube.pods import KubePod, parse_pod
 
 
-def pod(resource_version: str, uid: str = "u1") -> Any:
+def older(pod: KubePod, known: KubePod) -> bool:
+    return pod.writable.earlier_than(known.writable)
+
+
+def pod(resource_version: str, uid: str = "u1") -> KubePod:
     body = {"metadata": {"namespace": "ns", "name": "p", "uid": uid}}
     body["metadata"]["resourceVersion"] = resource_version
     return parse_pod(body, 8000)

@@ -108,12 +108,10 @@ class Copies:
         self.pod = pod
 
     def carried(self, key: PodKey, kind: WriteKind) -> str | None:
-        if kind is WriteKind.LABEL:
-            return self.pod.labels.get(LABEL)
-        return self.pod.conditions.get(GATE)
+        return self.pod.writable.carried(kind, LABEL if kind is WriteKind.LABEL else GATE)
 
     def marked(self, key: PodKey) -> bool:
-        return self.pod.fallback_annotated
+        return self.pod.writable.fallback_annotated
 
     def written(self, key: PodKey, kind: WriteKind, value: str, body: dict[str, Any]) -> None:
         pass
