@@ -1,9 +1,11 @@
 """Backoff between attempts, and the API's ``Retry-After``, for both programs.
 
-- :class:`Backoff`: capped exponential backoff with full jitter, as data (AWS "Exponential
-  Backoff and Jitter"): what thousands of agents use, so that they never retry in step;
-- :func:`stepped_delay`: the aggregator's writes (and the cleanup's): a fixed schedule with
-  +/-20 % jitter, so that each retry of the one writer waits longer than the one before;
+- :func:`backoff_delay`: the one backoff, capped exponential with full jitter (AWS
+  "Exponential Backoff and Jitter"), so that thousands of agents never retry in step: every
+  pod write of both programs retries with it (per key, in
+  :class:`servehealth_common.work_queue.KeyedQueue`), and so does the cleanup;
+- :class:`Backoff`: the same, as data that counts its own attempts (an agent's reconnections
+  and reads);
 - :func:`retry_delay`: ``Retry-After`` when the API gave one, within
   [:data:`RETRY_FLOOR`, :data:`RETRY_CAP`], else the backoff's delay: every writer honours it
   the same way.
@@ -15,8 +17,6 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-#: Seconds to wait before attempt 1, 2, 3, ... of :func:`stepped_delay`; the last repeats.
-STEPS = (0.2, 0.5, 1.0, 2.0, 3.0, 5.0, 8.0, 13.0, 21.0, 30.0)
 #: ``Retry-After`` is honoured within these bounds (seconds).
 RETRY_FLOOR, RETRY_CAP = 0.2, 30.0
 
@@ -34,9 +34,9 @@ class Backoff:
     attempt: int = 0
 
     def next(self) -> float:
-        ceiling = min(self.cap, self.base * (2**self.attempt))
+        delay = backoff_delay(self.attempt, self.rng, base=self.base, cap=self.cap)
         self.attempt = min(self.attempt + 1, 32)
-        return self.rng.uniform(0, ceiling)
+        return delay
 
     def reset(self) -> None:
         self.attempt = 0
@@ -53,10 +53,13 @@ def jittered_below(interval: float, rng: random.Random, spread: float = 0.1) -> 
     return interval * (1 - rng.uniform(0, spread))
 
 
-def stepped_delay(attempt: int, rng: random.Random) -> float:
-    """The wait before retry ``attempt`` (1, 2, ...): :data:`STEPS`, +/-20 % jitter."""
-    base = STEPS[min(attempt, len(STEPS)) - 1]
-    return base * rng.uniform(0.8, 1.2)
+def backoff_delay(
+    failures: int, rng: random.Random, *, base: float = RETRY_FLOOR, cap: float = RETRY_CAP
+) -> float:
+    """The wait after ``failures`` + 1 failures in a row (0: the first): a random delay in
+    ``[0, min(cap, base * 2**failures)]`` (full jitter: thousands of agents, or one writer's
+    many pods, never retry in step; the ceiling still doubles with each failure)."""
+    return rng.uniform(0, min(cap, base * (2 ** min(failures, 32))))
 
 
 def retry_delay(retry_after: float | None, otherwise: Callable[[], float]) -> float:

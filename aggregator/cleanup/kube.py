@@ -5,7 +5,7 @@ Lease, and send the changes :mod:`aggregator.cleanup.rules` decides (or only pri
 Every request goes through :class:`~aggregator.kube.api.KubeApi` (bounded thread pool, a
 deadline on each call, errors from :mod:`servehealth_common.kube.errors`) and one client-side
 token bucket, as the aggregator's writer does. 429, 5xx, timeouts, broken connections and 409s
-are retried with the writer's backoff (:func:`servehealth_common.backoff.stepped_delay`,
+are retried with the writer's backoff (:func:`servehealth_common.backoff.backoff_delay`,
 honouring ``Retry-After``) up to ``max_attempts`` attempts; a 404 means the pod was deleted
 meanwhile (counted as gone, not as a failure); any other error fails that pod and the others go
 on.
@@ -29,7 +29,7 @@ from aiolimiter import AsyncLimiter
 from aggregator.cleanup.rules import Change, CleanupRules, PodPlan, patch_of, plan
 from aggregator.kube.api import KubeApi
 from aggregator.leader.elector import LeaseStore
-from servehealth_common.backoff import retry_delay, stepped_delay
+from servehealth_common.backoff import backoff_delay, retry_delay
 from servehealth_common.kube.errors import APIConflictError, APIError, APINotFoundError
 from servehealth_common.pod_identity import PodKey
 from servehealth_common.pod_writes.times import api_time
@@ -91,7 +91,7 @@ class Retrier:
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
 
     def delay(self, error: APIError, attempt: int) -> float:
-        return retry_delay(error.retry_after, lambda: stepped_delay(attempt, self.rng))
+        return retry_delay(error.retry_after, lambda: backoff_delay(attempt - 1, self.rng))
 
     async def call(self, call: Callable[[], Awaitable[T]]) -> T:
         """``call()``, again after a backoff while it fails with an error worth retrying;

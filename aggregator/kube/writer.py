@@ -3,18 +3,19 @@ what the core wants, with as few API writes as possible and through any API trou
 
 - A write happens only when :func:`servehealth_common.pod_writes.rule.write_needed` says so, checked
   again just before each request (the pod may have changed while the write waited).
-- Per target (pod, kind) at most one write is in flight; a newer wanted value replaces a queued
-  one, and a value that became true again before its write is dropped unwritten.
+- Targets (pod, kind) wait in one keyed queue (:class:`servehealth_common.work_queue.KeyedQueue`):
+  at most one write per target is in flight; a newer wanted value replaces a queued one (the
+  queue holds the target, the value is looked up when a worker takes it), and a value that
+  became true again before its write is dropped unwritten.
 - Every request takes a token from one client-side bucket (``qps``/``burst``): the Python client
   has no limiter of its own.
-- 429, 5xx, timeouts and broken connections are retried with capped, jittered backoff, honouring
-  ``Retry-After``; a write is never dropped for them. 404 means the pod is gone: forget it.
-  409 re-reads the pod and tries again.
+- 429, 5xx, timeouts and broken connections are retried with the queue's backoff per target
+  (capped, full jitter), honouring ``Retry-After``; a write is never dropped for them. 404
+  means the pod is gone: forget it. 409 re-reads the pod and tries again.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import random
@@ -27,12 +28,12 @@ from aiolimiter import AsyncLimiter
 from aggregator.kube.api import KubeApi
 from aggregator.metrics import Metrics
 from servehealth_common import fallback_marks
-from servehealth_common.backoff import retry_delay, stepped_delay
 from servehealth_common.kube.errors import APIConflictError, APIError, APINotFoundError
 from servehealth_common.pod_identity import PodKey
 from servehealth_common.pod_writes.bodies import condition_patch, label_patch
 from servehealth_common.pod_writes.rule import WriteKind, condition_fields, write_needed
 from servehealth_common.pod_writes.times import utc_now
+from servehealth_common.work_queue import KeyedQueue
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,10 @@ class PodCopies(Protocol):
 
 
 class Writer:
+    """The aggregator's pod writer: what each target should say (:meth:`want`), and a
+    :class:`~servehealth_common.work_queue.KeyedQueue` of targets whose workers compare it with
+    what the pod carries and write the difference."""
+
     def __init__(
         self,
         api: KubeApi,
@@ -78,14 +83,9 @@ class Writer:
         self.settings = settings
         self._metrics = metrics
         self._pods = pods
-        self._rng = rng or random.Random()
         self.limiter = AsyncLimiter(settings.burst, settings.burst / settings.qps)
-        self._queue: asyncio.Queue[Target] = asyncio.Queue()
+        self._queue: KeyedQueue[Target] = KeyedQueue(rng=rng)
         self._wanted: dict[Target, tuple[str, str]] = {}  # value, message
-        self._queued: set[Target] = set()
-        self._in_flight: set[Target] = set()
-        self._retries: dict[Target, asyncio.TimerHandle] = {}
-        self._attempts: dict[Target, int] = {}
         #: When each pending target was first wanted (for serve_health_write_delay_seconds).
         self._since: dict[Target, float] = {}
 
@@ -105,18 +105,15 @@ class Writer:
         if pending is None:
             self._since[target] = time.monotonic()
         self._wanted[target] = (value, message)
-        self._enqueue(target)
+        self._queue.add(target)
         return True
 
     def forget(self, key: PodKey) -> None:
         for kind in WriteKind:
             target = (key, kind)
             self._wanted.pop(target, None)
-            self._attempts.pop(target, None)
             self._since.pop(target, None)
-            handle = self._retries.pop(target, None)
-            if handle is not None:
-                handle.cancel()
+            self._queue.drop(target)
 
     @property
     def pending(self) -> int:
@@ -126,42 +123,8 @@ class Writer:
     # -- the work -----------------------------------------------------------------------
 
     async def run(self) -> None:
-        async with asyncio.TaskGroup() as group:
-            for number in range(self.settings.concurrency):
-                group.create_task(self._work(), name=f"writer-{number}")
-
-    def _enqueue(self, target: Target) -> None:
-        if target in self._queued or target in self._in_flight or target in self._retries:
-            return
-        self._queued.add(target)
-        self._queue.put_nowait(target)
-
-    def _retry(self, target: Target) -> None:
-        self._retries.pop(target, None)
-        if target in self._wanted:
-            self._enqueue(target)
-
-    async def _work(self) -> None:
-        while True:
-            target = await self._queue.get()
-            self._queued.discard(target)
-            self._in_flight.add(target)
-            retry_in: float | None = None
-            try:
-                retry_in = await self._write_if_needed(target)
-            except Exception:  # a surprise must not stop every other write: retry this one
-                attempt = self._attempts[target] = self._attempts.get(target, 0) + 1
-                retry_in = stepped_delay(attempt, self._rng)
-                log.exception(
-                    "write of %s %s failed (attempt %d)", target[0], target[1].value, attempt
-                )
-            finally:
-                self._in_flight.discard(target)
-                if retry_in is not None and target in self._wanted:
-                    loop = asyncio.get_running_loop()
-                    self._retries[target] = loop.call_later(retry_in, self._retry, target)
-                elif target in self._wanted:
-                    self._enqueue(target)  # a newer value came while this write was in flight
+        workers = self.settings.concurrency
+        await self._queue.serve(self._write_if_needed, workers=workers, name="writer")
 
     def _settled(self, target: Target) -> bool:
         """True (and the target dropped) when the pod already carries the wanted value."""
@@ -170,18 +133,19 @@ class Writer:
             return True
         if not write_needed(target[1], self._pods.carried(*target), wanted[0]):
             del self._wanted[target]
-            self._attempts.pop(target, None)
+            self._queue.forget(target)
             self._since.pop(target, None)
             return True
         return False
 
-    async def _write_if_needed(self, target: Target) -> float | None:
-        """One write attempt; returns the delay before a retry, or None when done."""
+    async def _write_if_needed(self, target: Target) -> None:
+        """One write attempt for ``target``, if the pod does not carry what is wanted; a
+        failure worth retrying puts the target back in the queue after its backoff."""
         if self._settled(target):
-            return None
+            return
         await self.limiter.acquire()
         if self._settled(target):  # the bucket may have made us wait; look again
-            return None
+            return
         key, kind = target
         value, message = self._wanted[target]
         try:
@@ -190,30 +154,32 @@ class Writer:
             self._metrics.label_writes.labels(kind.value, "not_found").inc()
             log.info("pod %s is gone; dropping its %s write", key, kind.value)
             self.forget(key)
-            return None
+            return
         except APIConflictError as error:
             self._metrics.label_writes.labels(kind.value, "conflict").inc()
             log.info("%s; re-reading the pod", error)
             with contextlib.suppress(APIError):
                 await self._pods.refresh(key)
-            return 0.0
+            self._queue.add(target)  # at once, on the pod as it is now
+            return
         except APIError as error:
-            attempt = self._attempts[target] = self._attempts.get(target, 0) + 1
-            delay = retry_delay(error.retry_after, lambda: stepped_delay(attempt, self._rng))
             self._metrics.label_writes.labels(kind.value, "error").inc()
             self._metrics.api_retries.labels(str(error.status or "transport")).inc()
+            if target not in self._wanted:
+                return  # forgotten meanwhile (the pod is gone)
+            delay = self._queue.retry(target, error.retry_after)
             level = logging.WARNING if error.retryable else logging.ERROR
+            attempt = self._queue.failures(target)
             log.log(level, "%s (attempt %d, retrying in %.2fs)", error, attempt, delay)
-            return delay
+            return
         self._metrics.label_writes.labels(kind.value, "success").inc()
-        self._attempts.pop(target, None)
+        self._queue.forget(target)
         self._pods.written(key, kind, value, pod)
         if self._wanted.get(target, (None,))[0] == value:
             del self._wanted[target]
             since = self._since.pop(target, None)
             if since is not None:
                 self._metrics.write_delay.labels(kind.value).observe(time.monotonic() - since)
-        return None
 
     def _label_body(self, key: PodKey, value: str) -> dict[str, Any]:
         """The label; and, if an agent in fallback wrote it last, the removal of its mark (the

@@ -7,8 +7,10 @@ an agent's write (:mod:`servehealth_common.fallback_marks`), an Event each, one 
   reason ``NoAggregator``, a message naming the agent, lastTransitionTime now);
 - then an Event on the pod (reason ``NoAggregator``; Normal into service, Warning out of it).
 
-Each call has the client's deadline (``--kube-timeout``). 429, 5xx, 409 and broken connections
-are retried with capped, jittered backoff (honouring ``Retry-After``) for as long as the
+Each call has the client's deadline (``--kube-timeout``). The writes wait in the keyed queue
+both programs write from (:class:`servehealth_common.work_queue.KeyedQueue`, keyed by pod: one
+worker per pod at a time). 429, 5xx, 409 and broken connections are retried with its backoff
+per pod (capped, full jitter; ``Retry-After`` honoured) for as long as the
 decider still wants the write (:meth:`~node_agent.fallback.decider.Fallback.still_wanted`: a stream
 accepted meanwhile drops it); 404 means the pod is gone; anything else (a 403: no RBAC for it)
 is given up until the next fallback. A failing write is logged when its failure starts and
@@ -20,13 +22,12 @@ This module imports the Kubernetes client: a sidecar loads it only when fallback
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import datetime
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 from node_agent.fallback.bodies import event_body, write_body
@@ -46,6 +47,7 @@ from servehealth_common.kube.watch import PodWatch
 from servehealth_common.pod_identity import PodKey
 from servehealth_common.pod_writes.rule import WriteKind
 from servehealth_common.pod_writes.times import utc_now
+from servehealth_common.work_queue import KeyedQueue
 
 log = logging.getLogger(__name__)
 
@@ -77,14 +79,18 @@ class FallbackWriter:
         self._who = who
         self._metrics = metrics
         self._rng = rng or random.Random()
-        self._queue: asyncio.Queue[Write] = asyncio.Queue()
+        #: Pods with writes to send, one worker per pod at a time: a pod's writes go one after
+        #: the other, each on the version the previous one's answer showed (no 409 between a
+        #: label and a condition); a failing pod waits for its retry without holding a worker.
+        self._queue: KeyedQueue[PodKey] = KeyedQueue(rng=self._rng)
+        self._pending: dict[PodKey, list[Write]] = {}
+        #: Each failing pod's current failure, for the logs (logged when it starts or changes).
+        self._trouble: dict[PodKey, str] = {}
         self._event_trouble = ""
-        #: The pods a worker writes now (a pod's writes go one after the other, each on the
-        #: version the previous one's answer showed: no 409 between a label and a condition).
-        self._writing: dict[PodKey, asyncio.Lock] = {}
 
     def submit(self, write: Write) -> None:
-        self._queue.put_nowait(write)
+        self._pending.setdefault(write.key, []).append(write)
+        self._queue.add(write.key)
 
     async def permit(self) -> None:
         """Wait for this agent's next request within its share of the fleet's API budget
@@ -98,9 +104,7 @@ class FallbackWriter:
 
     async def run(self) -> None:
         try:
-            async with asyncio.TaskGroup() as group:
-                for number in range(WORKERS):
-                    group.create_task(self._work(), name=f"fallback-writer-{number}")
+            await self._queue.serve(self._write_pod, workers=WORKERS, name="fallback-writer")
         finally:
             if self._owns_client:
                 self.client.close()
@@ -182,62 +186,64 @@ class FallbackWriter:
         the same bounds (:func:`servehealth_common.backoff.retry_delay`)."""
         return Backoff(base=RETRY_FLOOR, cap=RETRY_CAP, rng=self._rng)
 
-    async def _work(self) -> None:
-        while True:
-            write = await self._queue.get()
+    async def _write_pod(self, key: PodKey) -> None:
+        """The writes pending for ``key``, in the order decided, one attempt each, until one
+        must wait (its retry, or another go on a newer version of the pod)."""
+        pending = self._pending.get(key, [])
+        while pending:
+            write = pending[0]
             try:
-                async with self._one_at_a_time(write.key):
-                    await self._write(write)
+                over = await self._attempt(write)
             except Exception:  # a surprise must not stop the other writes
                 log.exception("%s: write of %s failed", marks.WHY, write)
                 self._core.finished(write, gave_up=True)
                 self._metrics.fallback_write(write.kind.value, "error")
+                over = True
+            if not over:
+                return
+            pending.pop(0)
+        self._pending.pop(key, None)
+        self._trouble.pop(key, None)
 
-    @contextlib.asynccontextmanager
-    async def _one_at_a_time(self, key: PodKey) -> AsyncIterator[None]:
-        lock = self._writing.setdefault(key, asyncio.Lock())
-        try:
-            async with lock:
-                yield
-        finally:
-            if not lock.locked() and self._writing.get(key) is lock:
-                del self._writing[key]
-
-    async def _write(self, write: Write) -> None:
-        """Send ``write`` until it lands, the pod is gone, it fails for good, or it is no
-        longer wanted. Each attempt is conditional on the pod's latest version known (a write
+    async def _attempt(self, write: Write) -> bool:
+        """One attempt of ``write``, conditional on the pod's latest version known (a write
         decided on an earlier one, such as the second of a label and a condition, goes on the
-        answer to the first)."""
-        backoff, attempts, trouble = self._backoff(), 0, ""
-        while True:
-            if self._dropped(write):
-                return
-            await self.permit()
-            if self._dropped(write):  # (the wait for a slot can be long)
-                return
-            write, now = self._latest(write), utc_now()
-            try:
-                answer = await self._send(write, now)
-            except APINotFoundError:
-                self._gone(write)
-                return
-            except APIError as error:
-                attempts += 1
-                if error.status == 409 and write.version:
-                    if self._latest(write).version != write.version:
-                        continue  # a newer version is known already: try on it
-                    self._conflict(write)
-                    return
-                self._metrics.fallback_write(write.kind.value, "error")
-                if not error.retryable and error.status != 409:
-                    log.error("%s: cannot write %s: %s; not retried", marks.WHY, write, error)
-                    self._core.finished(write, gave_up=True)
-                    return
-                trouble = self._retrying(write, error, trouble, attempts)
-                await asyncio.sleep(retry_delay(error.retry_after, backoff.next))
-                continue
-            await self._landed(write, answer, attempts, now)
-            return
+        answer to the first). True when it is over: landed, the pod gone, failed for good, or
+        no longer wanted; False when it goes again (its retry, with the queue's backoff)."""
+        if self._dropped(write):
+            return True
+        await self.permit()
+        if self._dropped(write):  # (the wait for a slot can be long)
+            return True
+        write, now = self._latest(write), utc_now()
+        try:
+            answer = await self._send(write, now)
+        except APINotFoundError:
+            self._gone(write)
+            return True
+        except APIError as error:
+            return self._failed(write, error)
+        await self._landed(write, answer, self._queue.failures(write.key), now)
+        self._queue.forget(write.key)
+        return True
+
+    def _failed(self, write: Write, error: APIError) -> bool:
+        """A failed attempt of ``write``: over (a conflict, or an error not worth retrying), or
+        not (False: the pod's key is queued again, at once or after its backoff)."""
+        if error.status == 409 and write.version:
+            if self._latest(write).version != write.version:
+                self._queue.add(write.key)  # a newer version is known already: try on it
+                return False
+            self._conflict(write)
+            return True
+        self._metrics.fallback_write(write.kind.value, "error")
+        if not error.retryable and error.status != 409:
+            log.error("%s: cannot write %s: %s; not retried", marks.WHY, write, error)
+            self._core.finished(write, gave_up=True)
+            return True
+        self._queue.retry(write.key, error.retry_after)
+        self._retrying(write, error)
+        return False
 
     def _latest(self, write: Write) -> Write:
         """``write`` conditional on the latest version of its pod known."""
@@ -246,9 +252,11 @@ class FallbackWriter:
             return write
         return dataclasses.replace(write, version=facts.resource_version)
 
-    def _retrying(self, write: Write, error: APIError, trouble: str, attempts: int) -> str:
-        """Log a failed attempt when the failure starts or changes; returns what it is."""
+    def _retrying(self, write: Write, error: APIError) -> None:
+        """Log a failed attempt when the failure starts or changes."""
         condition = f"HTTP {error.status}" if error.status else "no answer"
+        trouble = self._trouble.get(write.key, "")
+        self._trouble[write.key] = condition
         if condition != trouble:
             was = f" (was: {trouble})" if trouble else ""
             log.warning(
@@ -260,8 +268,8 @@ class FallbackWriter:
                 was,
             )
         else:
+            attempts = self._queue.failures(write.key)
             log.debug("%s: %s: %s (attempt %d)", marks.WHY, write, error, attempts)
-        return condition
 
     def _dropped(self, write: Write) -> bool:
         """Whether ``write`` is no longer wanted (an override came, the facts changed): then it

@@ -259,3 +259,32 @@ async def test_a_pod_changed_since_the_decision_is_not_written_over(rig: Rig) ->
     assert rig.decide(ServeState.NOT_READY) == 0
     assert rig.core.needs_facts(KEY) is False  # a DaemonSet agent's watch tells it
     assert rig.kube.events() == []
+
+
+async def test_pods_waiting_for_their_retry_do_not_hold_the_writers_workers(rig: Rig) -> None:
+    """Two pods whose writes keep failing (429 with Retry-After: 30 s, the longest honoured)
+    and a third whose write is fine: the third lands at once, although the writer has only two
+    workers (each failing pod waits for its retry in the queue, not in a worker). Before the
+    shared queue (issue 25) a retry slept in its worker, and the third pod waited 30 s."""
+    names = ["worker-a", "worker-b", "worker-c"]
+    for name in names:
+        stored = rig.kube.add_pod(
+            KEY.namespace, name, node_name=NODE, readiness_gates=[GATE], labels={LABEL: "true"}
+        )
+        rig.core.pod_seen(PodFacts.from_pod(stored))
+    for name in names[:2]:
+        rig.kube.fail_next(100, status=429, retry_after=30, method="PATCH", name=name)
+    rig.fall_back()
+    for name in names:
+        for _ in range(2):
+            rig.core.observe(PodKey(KEY.namespace, name), ServeState.NOT_READY, "503")
+    writes = rig.core.decide()
+    assert [write.key.name for write in writes] == [name for name in names for _ in range(2)]
+    for write in writes:  # (a label and a condition each)
+        rig.writer.submit(write)
+    landed = {("label", "success"), ("condition", "success")}
+    await eventually(lambda: landed <= set(rig.sink.writes), timeout=WAIT)
+    assert rig.kube.pod_labels(KEY.namespace, "worker-c").get(LABEL) == "false"
+    # One attempt each, then waiting (a pod's condition waits behind its label).
+    assert rig.sink.writes.count(("label", "error")) == 2
+    assert ("condition", "error") not in rig.sink.writes

@@ -14,6 +14,7 @@ import pytest
 
 from aggregator.cleanup.kube import Retrier, live_holder
 from aggregator.leader.elector import Lease, LeaseRecord
+from servehealth_common.backoff import backoff_delay
 from servehealth_common.kube.errors import (
     APIConflictError,
     APIError,
@@ -132,7 +133,10 @@ async def test_retried_errors(error: APIError, caplog: pytest.LogCaptureFixture)
     with caplog.at_level(logging.WARNING):
         assert await Retrier(5, random.Random(1), sleep).call(call) == "ok"
     assert [r.getMessage().split("(attempt ")[1][:3] for r in caplog.records] == ["1/5", "2/5"]
-    assert 0.16 + 0.4 <= clock() - 1000.0 <= 0.24 + 0.6  # the writer's 0.2 s, 0.5 s +/-20 %
+    # The writers' backoff (full jitter): at most 0.2 s, then at most 0.4 s; the same draws.
+    rng = random.Random(1)
+    assert clock() - 1000.0 == pytest.approx(backoff_delay(0, rng) + backoff_delay(1, rng))
+    assert clock() - 1000.0 <= 0.2 + 0.4
 
 
 @pytest.mark.parametrize(
