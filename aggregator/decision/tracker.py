@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from servehealth_common.pod_identity import PodKey
+from servehealth_common.pod_writes.streak import Run, Thresholds, side, step
 from servehealth_common.states import ServeState, Source, label_value
 
 Clock = Callable[[], float]
@@ -301,26 +302,30 @@ class Tracker:
             SILENT   ---- next observation, as from UNKNOWN ---> observed state
 
         Only a change of side (serving or not) is held back by a threshold; an observation on
-        the same side as the current state resets the streak. NO_PROXY_BY_DESIGN arrives here
-        already judged: the core turns NO_PROXY into it where the Serve controller runs no
-        proxy (:func:`aggregator.decision.serve_view.judge_no_proxy`).
+        the same side as the current state resets the streak. The count is the step both
+        programs take (:func:`servehealth_common.pod_writes.streak.step`): here UNHEALTHY
+        counts out of service and a first observation is taken at once, where an agent in
+        fallback does neither (that module says why). NO_PROXY_BY_DESIGN arrives here already
+        judged: the core turns NO_PROXY into it where the Serve controller runs no proxy
+        (:func:`aggregator.decision.serve_view.judge_no_proxy`).
         """
         current = record.state
         if observed is current:
             record.streak = 0
             return None
-        if current is ServeState.UNKNOWN or current is ServeState.SILENT:
-            pass  # nothing trusted to protect: take the observation as it is
-        elif observed is ServeState.SILENT:
-            pass  # the TTL already was the patience
-        elif observed.serving != current.serving:
-            record.streak += 1
-            threshold = (
-                self.settings.success_threshold
-                if observed.serving
-                else self.settings.failure_threshold
+        # SILENT comes at once (the TTL already was the patience); a move within a side too.
+        if observed is not ServeState.SILENT and observed.serving != current.serving:
+            # The run: the observations in a row on the other side than ``current`` (one on
+            # its side, or a transition, breaks it), counted by the step the agents take.
+            run, accepted = step(
+                Run(observed.serving, record.streak),
+                side(observed, unhealthy_decides=True),
+                Thresholds(self.settings.failure_threshold, self.settings.success_threshold),
+                # Nothing trusted to protect: the observation is taken as it is.
+                at_once=current is ServeState.UNKNOWN or current is ServeState.SILENT,
             )
-            if record.streak < threshold:
+            if not accepted:
+                record.streak = run.count
                 return None
         record.streak = 0
         record.state = observed

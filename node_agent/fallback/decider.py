@@ -39,7 +39,6 @@ from node_agent.fallback.lease_gate import LeaseGate, LeaseName
 from node_agent.fallback.phase import ALLOWED, FallbackChange, FallbackPhase
 from node_agent.fallback.rules import (
     LABELS,
-    SIDES,
     PodFacts,
     Streak,
     WhosePods,
@@ -50,6 +49,7 @@ from node_agent.fallback.rules import (
 from servehealth_common.pod_identity import PodKey
 from servehealth_common.pod_writes.desired import Known, desired
 from servehealth_common.pod_writes.rule import NO_PROXY_BY_DESIGN, WriteKind
+from servehealth_common.pod_writes.streak import accepted, advance, side
 from servehealth_common.states import ServeState
 
 Clock = Callable[[], float]
@@ -259,9 +259,9 @@ class Fallback:
         conditional write found another version). Only a sidecar reads its pod: a DaemonSet
         agent's watch tells it what its pods carry."""
         streak, rules = self._streaks.get(key), self.rules
-        if key != self.own.pod or streak is None or streak.side is None or rules is None:
+        if key != self.own.pod or streak is None or rules is None:
             return False
-        if streak.count < rules.threshold(streak.side):
+        if not accepted(streak.run, rules.thresholds):
             return False
         return key not in self._pods or key in self._stale
 
@@ -273,7 +273,7 @@ class Fallback:
             facts is not None
             and facts.overridden
             and streak is not None
-            and streak.side is not None
+            and streak.run.serving is not None
             and self.phase is FallbackPhase.FALLBACK
         )
 
@@ -283,13 +283,12 @@ class Fallback:
     def observe(self, key: PodKey, state: ServeState, reason: str = "") -> None:
         """A probe result of ``key`` (every one counts toward the thresholds)."""
         streak = self._streaks.setdefault(key, Streak())
-        side = SIDES.get(state)
-        if side is None:  # UNHEALTHY: says nothing either way, and breaks any run
-            streak.side, streak.count = None, 0
-        elif side is streak.side:
-            streak.count += 1
-        else:
-            streak.side, streak.count = side, 1
+        # The run of results on one side, counted as the aggregator counts it, but for two
+        # differences (servehealth_common.pod_writes.streak): UNHEALTHY decides nothing here
+        # and breaks the run (fail static; the aggregator counts it out of service), and the
+        # first results count like any. The run is weighed against the thresholds when a
+        # write is decided (accepted), with the rules of that moment.
+        streak.run = advance(streak.run, side(state, unhealthy_decides=False))
         streak.state, streak.reason = state, reason
         self._dirty.add(key)
 
@@ -312,15 +311,16 @@ class Fallback:
     def _wanted(self, key: PodKey, rules: WriteRules) -> Iterable[Write]:
         """What ``key`` should be written now, not yet handed out (pure: marks nothing)."""
         facts, streak = self._pods.get(key), self._streaks.get(key)
-        if facts is None or streak is None or streak.side is None or facts.overridden:
+        if facts is None or streak is None or facts.overridden:
             return
-        if streak.count < rules.threshold(streak.side) or key in self._stale:
+        serving = streak.run.serving
+        if serving is None or not accepted(streak.run, rules.thresholds) or key in self._stale:
             return
         names = dict(rules.targets())
         condition = facts.carried(WriteKind.CONDITION, rules.condition_type)
         wanted = desired(
             Known(
-                LABELS[streak.side],
+                LABELS[serving],
                 writes_label=bool(rules.label_key),
                 writes_condition=bool(rules.condition_type),
                 gated=rules.condition_type in facts.readiness_gates,

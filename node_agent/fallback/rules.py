@@ -16,13 +16,13 @@ a pod carries.
 
 from __future__ import annotations
 
-import enum
 import re
 from dataclasses import dataclass
 
 from servehealth_common.pod_identity import PodKey
 from servehealth_common.pod_writes.pod import WritablePod
 from servehealth_common.pod_writes.rule import WriteKind
+from servehealth_common.pod_writes.streak import NO_RUN, Run, Thresholds
 from servehealth_common.states import ServeState
 
 #: The aggregator's default thresholds (--failure-threshold, --success-threshold).
@@ -67,29 +67,18 @@ _PREFIX = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
 _QUALIFIED = re.compile(rf"((?=.{{1,253}}/){_PREFIX}/)?{_NAME}")
 
 
-class Side(enum.Enum):
-    IN = "in service"
-    OUT = "out of service"
-
-
-#: The side each state puts a pod on; the others (UNHEALTHY) decide nothing.
-SIDES = {
-    ServeState.SERVING: Side.IN,
-    ServeState.NOT_READY: Side.OUT,
-    ServeState.DRAINING: Side.OUT,
-    ServeState.NO_PROXY: Side.OUT,
-}
-#: The label each side calls for (the condition that goes with it, and whether either is
-#: written, are :func:`servehealth_common.pod_writes.desired.desired`'s).
-LABELS = {Side.IN: "true", Side.OUT: "false"}
+#: The label each side calls for (True: in service; the condition that goes with it, and
+#: whether either is written, are :func:`servehealth_common.pod_writes.desired.desired`'s).
+LABELS = {True: "true", False: "false"}
 
 
 @dataclass(slots=True)
 class Streak:
-    """A pod's latest probe results: the side of the last ones, and how many in a row."""
+    """A pod's latest probe results: the run of the last ones on one side
+    (:mod:`servehealth_common.pod_writes.streak`, as the aggregator counts them), and the
+    latest state and its reason."""
 
-    side: Side | None = None
-    count: int = 0
+    run: Run = NO_RUN
     state: ServeState = ServeState.UNKNOWN
     reason: str = ""
 
@@ -107,8 +96,9 @@ class WriteRules:
         found = [(WriteKind.LABEL, self.label_key), (WriteKind.CONDITION, self.condition_type)]
         return tuple((kind, name) for kind, name in found if name)
 
-    def threshold(self, side: Side) -> int:
-        return self.success_threshold if side is Side.IN else self.failure_threshold
+    @property
+    def thresholds(self) -> Thresholds:
+        return Thresholds(self.failure_threshold, self.success_threshold)
 
     def __str__(self) -> str:
         parts = [f"label {self.label_key}"] if self.label_key else []
