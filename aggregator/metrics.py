@@ -313,7 +313,7 @@ class Metrics:
     def track_writer(self, pending: Callable[[], int]) -> None:
         gauge = Gauge(
             f"{PREFIX}_writes_pending",
-            "Label or condition writes waiting (queued, in flight or backing off).",
+            "Pods with a label or condition write waiting (queued, in flight or backing off).",
             registry=self.registry,
         )
         gauge.set_function(pending)

@@ -132,6 +132,10 @@ class KeyedQueue(Generic[K]):
         self._cancel_retry(key)
         self._failures.pop(key, None)
 
+    def __contains__(self, key: object) -> bool:
+        """Whether ``key`` is queued, being worked on, or waiting for a retry."""
+        return key in self._queued or key in self._active or key in self._retries
+
     def __len__(self) -> int:
         """Keys queued, being worked on, or waiting for a retry."""
         return len(self._queued | self._active | set(self._retries))

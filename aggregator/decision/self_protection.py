@@ -91,6 +91,8 @@ class SelfProtection:
         self._removed_at: dict[PodKey, float] = {}  # suspect removals applied, and when
         # Removals held until PANIC ended, and when it did: each waits for a fresh failure.
         self._stale: dict[PodKey, float] = {}
+        #: Pods put back into service when PANIC began, held there until it ends.
+        self._restored: set[PodKey] = set()
         self._tally: LookTally | None = None
         self._cancel_look: Callable[[], None] | None = None
 
@@ -102,8 +104,11 @@ class SelfProtection:
         return len(self._held)
 
     def wanted(self, key: PodKey) -> str | None:
-        """The label the pod should carry, for repairs; None while its removal is held or
-        awaits a verdict (the pod keeps what it carries)."""
+        """The label the pod should carry (what the writer writes, level-triggered): ``"true"``
+        for a pod put back into service when PANIC began, until PANIC ends; None while its
+        removal is held or awaits a verdict (the pod keeps what it carries)."""
+        if key in self._restored:
+            return "true"
         if key in self._held or key in self._pending or key in self._stale:
             return None
         record = self._fleet.get(key)
@@ -135,6 +140,7 @@ class SelfProtection:
         self._pending.pop(key, None)
         self._stale.pop(key, None)
         self._held.drop(key)
+        self._restored.discard(key)
         if label != "false":
             self._removed_at.pop(key, None)
         self._write(key, label, transition)
@@ -157,6 +163,7 @@ class SelfProtection:
         self._pending.pop(key, None)
         self._stale.pop(key, None)
         self._held.drop(key)
+        self._restored.discard(key)
         self._removed_at.pop(key, None)
         self.counts_changed()
 
@@ -276,11 +283,13 @@ class SelfProtection:
                     window,
                 )
                 self._metrics.panic_restored.inc()
+                self._restored.add(key)
                 self._write(key, "true", None)
                 self._hold(key)
 
     def _end_panic(self, bad: int, tracked: int) -> None:
         self._suspecting = False
+        self._restored.clear()
         held = self._held.release_all()
         if held:
             log.warning(

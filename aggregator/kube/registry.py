@@ -80,6 +80,10 @@ class KubeRegistry(PodRegistry):
         self.settings = settings
         self._metrics = metrics
         self._pods: dict[PodKey, KubePod] = {}
+        #: Each pod's latest transition's message (its condition's), and the pods that had a
+        #: transition (their condition is written even where they carry none yet).
+        self._messages: dict[PodKey, str] = {}
+        self._transitioned: set[PodKey] = set()
         self._kubelet = KubeletWarnings()
         metrics.pods_kubelet_checks_serve.set_function(self.pods_kubelet_checks_serve)
         self._sink: PodSink | None = None
@@ -160,21 +164,41 @@ class KubeRegistry(PodRegistry):
         return pod.key in self._pods
 
     def desire(self, key: PodKey, value: str, transition: StateChange | None = None) -> None:
-        """Hand the writer every target of the pod's desired state for ``value``
-        (:func:`~servehealth_common.pod_writes.desired.desired`: an override's value instead,
-        if the pod has one; the writer writes only what
-        :func:`~servehealth_common.pod_writes.rule.write_needed` calls for); an Event if anything
-        moves."""
+        """The core wants ``value`` for ``key`` (its health's label; the core's
+        :meth:`~aggregator.registry.PodSink.desired_label` says the same): remember the
+        transition's message for the condition, queue the pod for the writer, and record an
+        Event if anything moves."""
         pod = self._pods.get(key)
         if pod is None:
             return
-        message = f"{transition.new.name}: {transition.reason}" if transition else None
-        wanted = self._desired(pod, value, message=message)
-        moves = self._want(key, wanted)
+        if transition is not None:
+            self._messages[key] = f"{transition.new.name}: {transition.reason}"
+        self._transitioned.add(key)
+        wanted = self._queue_write(key)
         if wanted.condition == NO_PROXY_BY_DESIGN and not self.settings.writes_label:
             self._kubelet.no_proxy_routed(key.namespace, pod.cluster, key.name, pod.writable.labels)
+        # It moves something if the pod must be written, or a write of it is still under
+        # way (the pod may never carry that write's value, but it was told it).
+        moves = bool(wanted.writes) or self.writer.pending_for(key)
         if moves and self.events is not None and transition is not None and self._told(transition):
             self.events.record(pod.info, transition)
+
+    def desired(self, key: PodKey) -> Desired:
+        """What ``key`` should carry now (:class:`~aggregator.kube.writer.PodStates`): from the
+        pod as the watch last showed it, the core's label for it, the latest transition's
+        message; a condition nobody wrote yet waits for the pod's first transition."""
+        pod = self._pods.get(key)
+        if pod is None or self._sink is None:
+            return Desired()
+        health = self._sink.desired_label(key)
+        message = self._messages.get(key)
+        return self._desired(pod, health, message=message, repair=key not in self._transitioned)
+
+    def _queue_write(self, key: PodKey) -> Desired:
+        """Hand ``key`` to the writer, with what it should carry now (returned)."""
+        wanted = self.desired(key)
+        self.writer.enqueue(key, wanted)
+        return wanted
 
     def _desired(
         self, pod: KubePod, health: str | None, *, message: str | None = None, repair: bool = False
@@ -195,14 +219,6 @@ class KubeRegistry(PodRegistry):
             repair=repair,
         )
         return desired(known)
-
-    def _want(self, key: PodKey, wanted: Desired) -> bool:
-        """Hand the writer each target of ``wanted``; True if any write is now pending."""
-        moves = False
-        for kind, value in wanted.targets():
-            message = wanted.message if kind is WriteKind.CONDITION else None
-            moves |= self.writer.want(key, kind, value, message)
-        return moves
 
     def override(self, key: PodKey) -> Override:
         pod = self._pods.get(key)
@@ -330,12 +346,11 @@ class KubeRegistry(PodRegistry):
         if pod.head and pod.cluster:
             self.serve_views.head_seen((pod.key.namespace, pod.cluster), self._dashboard(pod))
         before = known.writable.override if known is not None else None
-        # Someone else may have changed the label (or the condition): the writer puts back
-        # what we want wherever write_needed says it differs. A condition nobody wrote yet is
-        # not drift: it is written with the pod's first transition (or its override).
-        moves = self._want(
-            pod.key, self._desired(pod, self._sink.desired_label(pod.key), repair=True)
-        )
+        # Level-triggered: whatever changed (someone else's write, an override added or
+        # removed, our own write's echo), the writer compares what the pod should carry with
+        # what it carries and writes the difference. A condition nobody wrote yet is not
+        # drift: it is written with the pod's first transition (or its override).
+        moves = bool(self._queue_write(pod.key).writes)
         if pod.writable.override != before:
             self._override_changed(pod, before, moves)
 
@@ -358,11 +373,13 @@ class KubeRegistry(PodRegistry):
 
     def _delete(self, key: PodKey) -> None:
         self._pods.pop(key, None)
+        self._messages.pop(key, None)
+        self._transitioned.discard(key)
         self.writer.forget(key)
         if self._sink is not None:
             self._sink.pod_gone(key)
 
-    # -- the pod copies the writer reads and updates (PodCopies) --------------------------
+    # -- the pod copies the writer reads and updates (PodStates) --------------------------
 
     def carried(self, key: PodKey, kind: WriteKind) -> str | None:
         pod = self._pods.get(key)

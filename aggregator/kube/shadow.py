@@ -11,28 +11,40 @@ the cluster holds.
 from __future__ import annotations
 
 import asyncio
+from typing import Protocol
 
 from aggregator.decision.override import OverrideChange
 from aggregator.decision.shadow import WouldBeWrites
 from aggregator.decision.tracker import StateChange
-from aggregator.kube.writer import PodCopies
 from servehealth_common.pod_identity import PodInfo, PodKey
+from servehealth_common.pod_writes.desired import Desired
 from servehealth_common.pod_writes.rule import WriteKind
 
 
-class ShadowWriter:
-    """``Writer.want`` and ``forget`` without a request; nothing is ever pending."""
+class Carried(Protocol):
+    def carried(self, key: PodKey, kind: WriteKind) -> str | None:
+        """What the pod carries now for ``kind`` (None: absent)."""
 
-    def __init__(self, pods: PodCopies, would_be: WouldBeWrites) -> None:
+
+class ShadowWriter:
+    """``Writer.enqueue`` and ``forget`` without a request; nothing is ever pending."""
+
+    def __init__(self, pods: Carried, would_be: WouldBeWrites) -> None:
         self._pods = pods
         self._would_be = would_be
         self.pending = 0
 
-    def want(self, key: PodKey, kind: WriteKind, value: str, message: str | None = None) -> bool:
-        return self._would_be.want(key, kind, self._pods.carried(key, kind), value)
+    def enqueue(self, key: PodKey, wanted: Desired) -> None:
+        """Count what the writer would write for ``key`` (each target of ``wanted``)."""
+        for kind, value in wanted.targets():
+            self._would_be.want(key, kind, self._pods.carried(key, kind), value)
 
     def forget(self, key: PodKey) -> None:
         self._would_be.forget(key)
+
+    def pending_for(self, key: PodKey) -> bool:
+        """Nothing is ever pending: nothing is sent."""
+        return False
 
     async def run(self) -> None:
         """Nothing to do until cancelled (the registry runs its writer as a task)."""

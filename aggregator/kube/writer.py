@@ -1,22 +1,30 @@
 """Keeps each pod's serve label (and, in condition mode, its readiness condition) equal to
-what the core wants, with as few API writes as possible and through any API trouble.
+what it should carry, with as few API writes as possible and through any API trouble.
 
-- A write happens only when :func:`servehealth_common.pod_writes.rule.write_needed` says so, checked
-  again just before each request (the pod may have changed while the write waited).
-- Targets (pod, kind) wait in one keyed queue (:class:`servehealth_common.work_queue.KeyedQueue`):
-  at most one write per target is in flight; a newer wanted value replaces a queued one (the
-  queue holds the target, the value is looked up when a worker takes it), and a value that
-  became true again before its write is dropped unwritten.
+Level-triggered, as controller-runtime and kopf reconcile: the registry says only *which pod*
+may need a write (:meth:`Writer.enqueue`: a transition, a watch event, an override, the end of
+PANIC, a restart's list all come here the same way); a worker that takes the pod asks the
+registry what it should carry now (:meth:`PodStates.desired`, the one
+:func:`servehealth_common.pod_writes.desired.desired`) and writes the difference from what it
+carries. Nothing is remembered of what was wanted earlier: many changes of a pod before a
+worker is free are one write, of the latest.
+
+- Pods wait in one keyed queue (:class:`servehealth_common.work_queue.KeyedQueue`): queued
+  once however often they change, one worker per pod at a time (its label and its condition
+  one after the other), retried per pod with the queue's backoff.
+- A write happens only when :func:`servehealth_common.pod_writes.rule.write_needed` says so,
+  checked again just before each request (the pod may have changed while the write waited).
 - Every request takes a token from one client-side bucket (``qps``/``burst``): the Python client
   has no limiter of its own.
-- 429, 5xx, timeouts and broken connections are retried with the queue's backoff per target
-  (capped, full jitter), honouring ``Retry-After``; a write is never dropped for them. 404
-  means the pod is gone: forget it. 409 re-reads the pod and tries again.
+- 429, 5xx, timeouts and broken connections are retried with the queue's backoff (capped, full
+  jitter), honouring ``Retry-After``; a write is never dropped for them. 404 means the pod is
+  gone: forget it. 409 re-reads the pod and tries again.
 """
 
 from __future__ import annotations
 
 import contextlib
+import enum
 import logging
 import random
 import time
@@ -31,7 +39,8 @@ from servehealth_common import fallback_marks
 from servehealth_common.kube.errors import APIConflictError, APIError, APINotFoundError
 from servehealth_common.pod_identity import PodKey
 from servehealth_common.pod_writes.bodies import condition_patch, label_patch
-from servehealth_common.pod_writes.rule import WriteKind, condition_fields, write_needed
+from servehealth_common.pod_writes.desired import Desired
+from servehealth_common.pod_writes.rule import WriteKind, condition_fields
 from servehealth_common.pod_writes.times import utc_now
 from servehealth_common.work_queue import KeyedQueue
 
@@ -49,11 +58,12 @@ class WriterSettings:
     concurrency: int
 
 
-class PodCopies(Protocol):
-    """The registry's copy of each pod, as the writer reads and updates it."""
+class PodStates(Protocol):
+    """The registry, as the writer reads and updates it: what each pod should carry, and its
+    copy of what the pod carries."""
 
-    def carried(self, key: PodKey, kind: WriteKind) -> str | None:
-        """What the pod carries now for ``kind`` (None: absent)."""
+    def desired(self, key: PodKey) -> Desired:
+        """What ``key`` should carry now (nothing, for a pod not known)."""
 
     def marked(self, key: PodKey) -> bool:
         """Whether the pod carries the annotation of an agent's fallback write of the label."""
@@ -65,17 +75,25 @@ class PodCopies(Protocol):
         """Read the pod again (after a 409)."""
 
 
+class WriteOutcome(enum.Enum):
+    """How one write attempt of a target ended (a failure worth retrying: its ``APIError``)."""
+
+    DONE = "done"  # written, or nothing to write
+    AGAIN = "again"  # a 409: the pod was re-read and is queued again
+    GONE = "gone"  # a 404: the pod is forgotten
+
+
 class Writer:
-    """The aggregator's pod writer: what each target should say (:meth:`want`), and a
-    :class:`~servehealth_common.work_queue.KeyedQueue` of targets whose workers compare it with
-    what the pod carries and write the difference."""
+    """The aggregator's pod writer: pods that may need a write (:meth:`enqueue`) in a
+    :class:`~servehealth_common.work_queue.KeyedQueue`, whose workers compare what each should
+    carry with what it carries and write the difference."""
 
     def __init__(
         self,
         api: KubeApi,
         settings: WriterSettings,
         metrics: Metrics,
-        pods: PodCopies,
+        pods: PodStates,
         *,
         rng: random.Random | None = None,
     ) -> None:
@@ -84,102 +102,113 @@ class Writer:
         self._metrics = metrics
         self._pods = pods
         self.limiter = AsyncLimiter(settings.burst, settings.burst / settings.qps)
-        self._queue: KeyedQueue[Target] = KeyedQueue(rng=rng)
-        self._wanted: dict[Target, tuple[str, str]] = {}  # value, message
-        #: When each pending target was first wanted (for serve_health_write_delay_seconds).
+        self._queue: KeyedQueue[PodKey] = KeyedQueue(rng=rng)
+        #: When each target was first seen to need a write (serve_health_write_delay_seconds).
         self._since: dict[Target, float] = {}
 
     # -- what the registry calls --------------------------------------------------------
 
-    def want(self, key: PodKey, kind: WriteKind, value: str, message: str | None = None) -> bool:
-        """Make ``kind`` of ``key`` say ``value``; ``message`` (conditions) None keeps the one
-        already wanted for that same value (a message wanted with another value described
-        that one: an override's, say, removed before its write was sent). True if a write is
-        now pending for it (False: nothing to write)."""
-        target = (key, kind)
-        pending = self._wanted.get(target)
-        if pending is None and not write_needed(kind, self._pods.carried(key, kind), value):
-            return False
-        if message is None:
-            message = pending[1] if pending is not None and pending[0] == value else ""
-        if pending is None:
-            self._since[target] = time.monotonic()
-        self._wanted[target] = (value, message)
-        self._queue.add(target)
-        return True
+    def enqueue(self, key: PodKey, wanted: Desired) -> None:
+        """``key`` changed (what it carries, or what it should): queue it if ``wanted``, what
+        it should carry now, differs from what it carries."""
+        now = time.monotonic()
+        for kind in wanted.writes:
+            self._since.setdefault((key, kind), now)
+        if wanted.writes:
+            self._queue.add(key)
 
     def forget(self, key: PodKey) -> None:
         for kind in WriteKind:
-            target = (key, kind)
-            self._wanted.pop(target, None)
-            self._since.pop(target, None)
-            self._queue.drop(target)
+            self._since.pop((key, kind), None)
+        self._queue.drop(key)
+
+    def pending_for(self, key: PodKey) -> bool:
+        """Whether a write of ``key`` is queued, in flight or waiting to retry."""
+        return key in self._queue
 
     @property
     def pending(self) -> int:
-        """Targets waiting for a write (queued, in flight or waiting to retry)."""
-        return len(self._wanted)
+        """Pods with a write queued, in flight or waiting to retry."""
+        return len(self._queue)
 
     # -- the work -----------------------------------------------------------------------
 
     async def run(self) -> None:
         workers = self.settings.concurrency
-        await self._queue.serve(self._write_if_needed, workers=workers, name="writer")
+        await self._queue.serve(self._reconcile, workers=workers, name="writer")
 
-    def _settled(self, target: Target) -> bool:
-        """True (and the target dropped) when the pod already carries the wanted value."""
-        wanted = self._wanted.get(target)
-        if wanted is None:
-            return True
-        if not write_needed(target[1], self._pods.carried(*target), wanted[0]):
-            del self._wanted[target]
-            self._queue.forget(target)
-            self._since.pop(target, None)
-            return True
-        return False
+    async def _reconcile(self, key: PodKey) -> None:
+        """Make ``key`` carry what it should: each target on its own (a label refused does not
+        keep the condition from being written); the pod again after its backoff if a write
+        failed."""
+        failed: list[APIError] = []
+        again = False
+        for kind in WriteKind:
+            outcome = await self._reconcile_target(key, kind)
+            if outcome is WriteOutcome.GONE:
+                return
+            if isinstance(outcome, APIError):
+                failed.append(outcome)
+            again |= outcome is WriteOutcome.AGAIN
+        if failed:
+            self._retry(key, failed)
+        elif not again:
+            self._queue.forget(key)
 
-    async def _write_if_needed(self, target: Target) -> None:
-        """One write attempt for ``target``, if the pod does not carry what is wanted; a
-        failure worth retrying puts the target back in the queue after its backoff."""
-        if self._settled(target):
-            return
+    def _needed(self, key: PodKey, kind: WriteKind) -> tuple[str, str] | None:
+        """The value (and the condition's message) ``kind`` of ``key`` should be written with
+        now; None when it carries that already (or nothing is wanted)."""
+        wanted = self._pods.desired(key)
+        if kind not in wanted.writes:
+            self._since.pop((key, kind), None)
+            return None
+        value = wanted.label if kind is WriteKind.LABEL else wanted.condition
+        assert value is not None
+        return value, wanted.message or ""
+
+    async def _reconcile_target(self, key: PodKey, kind: WriteKind) -> WriteOutcome | APIError:
+        """One write attempt of ``kind`` of ``key``, if it does not carry what it should."""
+        if self._needed(key, kind) is None:
+            return WriteOutcome.DONE
         await self.limiter.acquire()
-        if self._settled(target):  # the bucket may have made us wait; look again
-            return
-        key, kind = target
-        value, message = self._wanted[target]
+        needed = self._needed(key, kind)  # the bucket may have made us wait; look again
+        if needed is None:
+            return WriteOutcome.DONE
+        value, message = needed
         try:
             pod = await self._send(key, kind, value, message)
         except APINotFoundError:
             self._metrics.label_writes.labels(kind.value, "not_found").inc()
             log.info("pod %s is gone; dropping its %s write", key, kind.value)
             self.forget(key)
-            return
+            return WriteOutcome.GONE
         except APIConflictError as error:
             self._metrics.label_writes.labels(kind.value, "conflict").inc()
             log.info("%s; re-reading the pod", error)
             with contextlib.suppress(APIError):
                 await self._pods.refresh(key)
-            self._queue.add(target)  # at once, on the pod as it is now
-            return
+            self._queue.add(key)  # at once, on the pod as it is now
+            return WriteOutcome.AGAIN
         except APIError as error:
             self._metrics.label_writes.labels(kind.value, "error").inc()
             self._metrics.api_retries.labels(str(error.status or "transport")).inc()
-            if target not in self._wanted:
-                return  # forgotten meanwhile (the pod is gone)
-            delay = self._queue.retry(target, error.retry_after)
-            level = logging.WARNING if error.retryable else logging.ERROR
-            attempt = self._queue.failures(target)
-            log.log(level, "%s (attempt %d, retrying in %.2fs)", error, attempt, delay)
-            return
+            return error
         self._metrics.label_writes.labels(kind.value, "success").inc()
-        self._queue.forget(target)
         self._pods.written(key, kind, value, pod)
-        if self._wanted.get(target, (None,))[0] == value:
-            del self._wanted[target]
-            since = self._since.pop(target, None)
-            if since is not None:
-                self._metrics.write_delay.labels(kind.value).observe(time.monotonic() - since)
+        since = self._since.pop((key, kind), None)
+        if since is not None:
+            self._metrics.write_delay.labels(kind.value).observe(time.monotonic() - since)
+        return WriteOutcome.DONE
+
+    def _retry(self, key: PodKey, failed: list[APIError]) -> None:
+        """Queue ``key`` for its retry (the longest ``Retry-After`` of its failures, else its
+        backoff), and log each failure."""
+        asked = [error.retry_after for error in failed if error.retry_after is not None]
+        delay = self._queue.retry(key, max(asked) if asked else None)
+        attempt = self._queue.failures(key)
+        for error in failed:
+            level = logging.WARNING if error.retryable else logging.ERROR
+            log.log(level, "%s (attempt %d, retrying in %.2fs)", error, attempt, delay)
 
     def _label_body(self, key: PodKey, value: str) -> dict[str, Any]:
         """The label; and, if an agent in fallback wrote it last, the removal of its mark (the

@@ -30,8 +30,10 @@ from node_agent.fallback.bodies import write_body
 from node_agent.fallback.decider import Fallback
 from node_agent.fallback.rules import PodFacts, WhosePods, WriteRules
 from servehealth_common import fallback_marks
+from servehealth_common.override import NONE, Override
 from servehealth_common.pod_identity import PodKey
-from servehealth_common.pod_writes.rule import NO_PROXY_BY_DESIGN, WriteKind, condition_status
+from servehealth_common.pod_writes.desired import Desired, Known, desired
+from servehealth_common.pod_writes.rule import NO_PROXY_BY_DESIGN, WriteKind
 from servehealth_common.states import ServeState, label_value
 
 KEY = PodKey("ray", "worker-0")
@@ -102,13 +104,28 @@ class RecordingApi:
 
 
 class Copies:
-    """The registry's copy of the one pod, as the writer reads it."""
+    """The registry as the writer reads it: the one pod, and what it should carry (the health's
+    label ``health``, with ``override`` and the condition's ``message``)."""
 
-    def __init__(self, pod: KubePod) -> None:
+    def __init__(self, pod: KubePod, health: str, message: str = "reason") -> None:
         self.pod = pod
+        self.health = health
+        self.override = NONE
+        self.message = message
 
-    def carried(self, key: PodKey, kind: WriteKind) -> str | None:
-        return self.pod.writable.carried(kind, LABEL if kind is WriteKind.LABEL else GATE)
+    def desired(self, key: PodKey) -> Desired:
+        writable = self.pod.writable
+        known = Known(
+            self.health,
+            writes_label=True,
+            writes_condition=True,
+            gated=GATE in writable.readiness_gates,
+            override=self.override,
+            label=writable.carried(WriteKind.LABEL, LABEL),
+            condition=writable.carried(WriteKind.CONDITION, GATE),
+            message=self.message,
+        )
+        return desired(known)
 
     def marked(self, key: PodKey) -> bool:
         return self.pod.writable.fallback_annotated
@@ -120,6 +137,17 @@ class Copies:
         pass
 
 
+async def work_once(writer: Writer) -> None:
+    """What one of the writer's workers does with the pod queued, if one is (as
+    ``KeyedQueue.serve``; nothing is queued where the pod carries what it should)."""
+    key = writer._queue.get_nowait()
+    if key is None:
+        return
+    assert key == KEY
+    await writer._reconcile(key)
+    writer._queue.done(key)
+
+
 async def aggregator_patches(
     raw: dict[str, Any], state: ServeState
 ) -> dict[WriteKind, dict[str, Any]]:
@@ -127,12 +155,11 @@ async def aggregator_patches(
     is not judged by design)."""
     api = RecordingApi()
     settings = WriterSettings(LABEL, GATE, qps=1000, burst=1000, concurrency=1)
-    writer = Writer(api, settings, Metrics("test"), Copies(parse_pod(raw, 8000)))
-    label = label_value(state)
-    for kind, value in ((WriteKind.LABEL, label), (WriteKind.CONDITION, condition_status(label))):
-        if writer.want(KEY, kind, value, "reason"):
-            await writer._write_if_needed((KEY, kind))
-            assert writer.pending == 0  # written, nothing left to retry
+    copies = Copies(parse_pod(raw, 8000), label_value(state))
+    writer = Writer(api, settings, Metrics("test"), copies)
+    writer.enqueue(KEY, copies.desired(KEY))
+    await work_once(writer)
+    assert writer.pending == 0  # written, nothing left to retry
     return api.patches
 
 
@@ -198,22 +225,24 @@ async def test_the_aggregator_removes_an_agents_mark_with_its_label() -> None:
     }
 
 
-async def test_a_message_wanted_with_another_value_is_not_kept() -> None:
-    """An override's condition write, still pending when the override goes, is replaced by the
-    health's value: its message ("the pod's health does not decide") must not come along; a
-    second want of the same value without a message keeps the first one's."""
+async def test_the_write_carries_what_the_pod_should_carry_when_it_is_sent() -> None:
+    """Level-triggered: the writer writes what the pod should carry when a worker takes it, not
+    what was wanted when it was queued. An override's condition write, still queued when the
+    override goes, is sent as the health's value with the health's message: the override's
+    ("the pod's health does not decide") does not come along (issue 25: a race of the earlier
+    writer, which kept a pending message across a change of value)."""
     api = RecordingApi()
     settings = WriterSettings(LABEL, GATE, qps=1000, burst=1000, concurrency=1)
-    writer = Writer(api, settings, Metrics("test"), Copies(parse_pod(raw_pod("true", None), 8000)))
-    override = (
-        "override out-of-service (ray-serve-health/override): the pod's health does not decide"
-    )
-    assert writer.want(KEY, WriteKind.CONDITION, "False", override)
-    assert writer.want(KEY, WriteKind.CONDITION, "False")  # same value: the message stays
-    assert writer._wanted[(KEY, WriteKind.CONDITION)] == ("False", override)
-    assert writer.want(KEY, WriteKind.CONDITION, "True")  # the override is gone
-    await writer._write_if_needed((KEY, WriteKind.CONDITION))
-    assert writer.pending == 0
+    copies = Copies(parse_pod(raw_pod("true", None), 8000), "true", "SERVING: probe says so")
+    copies.override = Override.parse("out-of-service")
+    writer = Writer(api, settings, Metrics("test"), copies)
+    wanted = copies.desired(KEY)
+    assert wanted.condition == "False"
+    assert "override" in (wanted.message or "")
+    writer.enqueue(KEY, wanted)
+    copies.override = NONE  # removed before a worker took the pod
+    await work_once(writer)
     (condition,) = api.patches[WriteKind.CONDITION]["status"]["conditions"]
     assert condition["status"] == "True"
-    assert "override" not in condition["message"]
+    assert condition["message"] == "SERVING: probe says so"
+    assert WriteKind.LABEL not in api.patches  # it carries "true" already

@@ -69,3 +69,20 @@ def test_a_lone_hang_leaves_service_within_its_bound(seed: int) -> None:
     assert [w.key for w in trial.removals] == [key]
     assert trial.removals[0].at - trial.onset <= lone_bound(trial) + 2 * ANSWER
     assert not trial.sim.core.panic
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_what_panic_holds_or_puts_back_is_what_the_pods_should_carry(seed: int) -> None:
+    """The writer is level-triggered (issue 25): it writes what ``Core.desired_label`` says
+    when it takes a pod, not what was wanted when the pod was queued. So while PANIC lasts,
+    every failing pod must want ``"true"`` (put back when PANIC began: a write still queued
+    must not be lost) or nothing (held: it keeps what it carries), never ``"false"``."""
+    trial = mass_developing(seed)
+    core = trial.sim.core
+    assert core.panic
+    put_back = {write.key for write in trial.removals}  # out before PANIC, then put back
+    for key in trial.failing:
+        wanted = core.desired_label(key)
+        assert wanted != "false", key
+        if key in put_back:
+            assert wanted == "true", key

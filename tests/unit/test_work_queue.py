@@ -166,3 +166,19 @@ async def test_serve_retries_a_handler_surprise_and_keeps_the_other_keys_going()
     workers.cancel()
     with pytest.raises(asyncio.CancelledError):
         await workers
+
+
+async def test_a_key_is_in_the_queue_while_queued_worked_on_or_waiting_for_its_retry() -> None:
+    timers = FakeTimers()
+    work = queue(timers)
+    assert "a" not in work
+    work.add("a")
+    assert "a" in work
+    key = await work.get()
+    assert "a" in work
+    work.retry(key)
+    work.done(key)
+    assert "a" in work
+    timers.fire_all()
+    assert await taken(work) == ["a"]
+    assert "a" not in work
