@@ -102,7 +102,7 @@ class WouldBeWrites:
         self._values: dict[tuple[PodKey, WriteKind], str] = {}
 
     def want(self, key: PodKey, kind: WriteKind, carried: str | None, value: str) -> bool:
-        """True if a write would now be pending for the target (as ``Writer.want``)."""
+        """True if a write would now be pending for the target (the pod carries another value)."""
         target = (key, kind)
         if not write_needed(kind, carried, value):
             self._values.pop(target, None)
