@@ -1,8 +1,8 @@
 """What reaches the API server when every agent loses the aggregator at once (issue 26)?
 
-Everything runs in one process on 127.0.0.1: the Kubernetes API emulator
-(``testsupport/kube/emulator.py``, kmock over real HTTP) and thousands of simulated agents,
-each made of the product's own fallback objects: a
+Two processes on 127.0.0.1: the Kubernetes API emulator (``testsupport/kube/emulator.py``, kmock
+over real HTTP) in a child process of its own (``bench/storm_emulator.py``), and in the bench's
+process thousands of simulated agents, each made of the product's own fallback objects: a
 :class:`~node_agent.fallback.decider.Fallback` decider (its
 :class:`~node_agent.fallback.budget.ApiBudget`, its Lease gate), a
 :class:`~node_agent.fallback.runner.FallbackRunner` and, once it has something to send, a
@@ -11,6 +11,17 @@ each made of the product's own fallback objects: a
 simulated: the bench tells each runner what a connected agent hears (the aggregator's write
 settings, the fleet size it announces, a sidecar's PodView, ``accepted()``), then ``ended()``,
 and feeds probe results every ``--probe-interval``.
+
+Why two processes: each agent in fallback holds one long-lived watch of the aggregator's Lease
+(30 min), so the full fleet keeps about 11,000 connections open, each a file descriptor at both
+ends: 22,000 in one process, over the hard limit of 20,000 open files of the machine it runs on
+(``ulimit -Hn``, which cannot be raised); in one process the run died in the emulator's accept
+(``Errno 24``) at about 10,000 watches. Split, the agents' client holds about 11,000 and the
+emulator about 11,000. The bench drives the emulator over a control channel
+(``bench/storm_emulator.py``): it stores the pods and the Lease, renews the Lease, reads the
+request count and the open watches (each second), and at the end the requests (arrival times on
+the one CLOCK_MONOTONIC of both processes) and the pods. ``--in-process`` runs the emulator in the
+bench's process and event loop, as before (a few thousand agents at most).
 
 Default fleet: 10,000 sidecar pods (one sidecar agent each) and 1,000 nodes of 2 pods (one
 DaemonSet agent each), label mode (``ray.io/serve``, every pod labelled ``true``), the Lease
@@ -33,22 +44,26 @@ read takes its first slot, its first write the next slot that starts after the L
 out), and writes to healthy pods (a bug if any). Targets (issue 26): <= 50 requests/s
 sustained (60 s mean), <= 200 in any second, zero writes while the Lease is renewed.
 
-The measured side (agents, emulator) and the load generator (probe feeding) share the process
-and its CPU. The generator feeds each round in ``--slices`` slices spread over the interval and
-times itself: every round that ends later than its interval is counted and reported; a lag that
-lasts (a round a whole interval late, or two late rounds in a row) means the run is not a result,
-and the output says so. Two costs of putting thousands of agents into one process, which no
-real agent pays, are taken out of the way: the emulator subclass here hands a change only to the
-watches of its resource, as the API server's watch cache does (kmock hands it to every open
-watch: with thousands of Lease watches, every pod write would wake them all; ``--plain-emulator``
-turns that off); and the garbage collector: one collection would scan all the agents' objects at
-once and stop them all (pauses of 0.5-1.5 s at 11,000 agents, and a third of the CPU), so the
-setup's objects are frozen (``gc.freeze()``) and, with ``--gc off`` (the default), the collector
-is off during the run (the collections of test runs with it on freed no object: the agents make
-no cyclic garbage; a full collection at the end reports what was left). ``--gc on`` keeps it.
+The measured agents and the load generator (probe feeding) share the bench's process and its
+CPU (with ``--in-process``, the emulator too); the emulator's process has its own (its RSS,
+threads, open files and CPU are reported beside the bench's). The generator feeds each round in
+``--slices`` slices spread over the interval and times itself: every round that ends later than
+its interval is counted and reported; a lag that lasts (a round a whole interval late, or two
+late rounds in a row) means the run is not a result, and the output says so. Two costs of
+putting thousands of agents into one process, which no real agent pays, are taken out of the
+way: the emulator subclass (``StormEmulator``) hands a change only to the watches of its
+resource, as the API server's watch cache does (kmock hands it to every open watch: with
+thousands of Lease watches, every pod write would wake them all; ``--plain-emulator`` turns that
+off); and the garbage collector: one collection would scan all the agents' objects at once and
+stop them all (pauses of 0.5-1.5 s at 11,000 agents, and a third of the CPU), so the setup's
+objects are frozen (``gc.freeze()``, in both processes) and, with ``--gc off`` (the default),
+the collector is off during the run, in both (the collections of test runs with it on freed no
+object: the agents make no cyclic garbage; a full collection of the bench's process at the end
+reports what was left). ``--gc on`` keeps it.
 
 Run from the repository root (a full run takes ``--connected + --renewed-for + --duration``
-seconds, about 16 minutes; pin it to one core to put agents and generator on the same one)::
+seconds, about 16 minutes; pin it to one core to put agents and generator on the same one: the
+emulator's process inherits the pinning)::
 
     taskset -c 0 .venv/bin/python -m bench.fallback_storm --failing 0.01 --out \\
         bench/results/fallback_storm_1pct.json
@@ -75,7 +90,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -83,9 +98,8 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import kmock
-
 from bench import procstat
+from bench.storm_emulator import Arrival, ChildEmulator, EmulatorControl, LocalEmulator
 from node_agent.fallback.budget import DEFAULT_FLEET_SIZE, PER_SLOT, WINDOW, ApiBudget
 from node_agent.fallback.decider import Fallback
 from node_agent.fallback.lease_gate import LeaseName
@@ -99,7 +113,7 @@ from servehealth_common.pod_identity import PodKey
 from servehealth_common.probe import ProbeResult
 from servehealth_common.states import ServeState
 from testsupport import harness
-from testsupport.kube.emulator import LEASES, PODS, ApiCall, KubeEmulator, peak_count
+from testsupport.kube.emulator import LEASES, PODS
 
 DEFAULT_OUTPUT = harness.REPO_ROOT / "bench" / "results" / "fallback_storm.json"
 NS = "ray"
@@ -121,39 +135,29 @@ WAITED = "loop_thread_waited_s"
 TARGET_SUSTAINED = 50.0  # requests/s, any 60 s
 TARGET_PEAK = 200  # requests in any 1 s
 SHARED_CPU = (
-    "one process: the measured side (simulated agents, their shared client, the emulator) and "
-    "the load generator (probe feeding) share its CPU"
+    "two processes: the emulator in a child process of its own; the measured agents (simulated "
+    "agents, their shared client) and the load generator (probe feeding) share the bench's CPU"
+)
+SHARED_CPU_IN_PROCESS = (
+    "one process (--in-process): the measured side (simulated agents, their shared client, the "
+    "emulator) and the load generator (probe feeding) share its CPU"
 )
 
 
-# -- the emulator ---------------------------------------------------------------------------
+def shared_cpu(args: argparse.Namespace) -> str:
+    return SHARED_CPU_IN_PROCESS if args.in_process else SHARED_CPU
 
 
-class StormEmulator(KubeEmulator):
-    """The tests' emulator, handing each change only to the open watches of its resource (the
-    API server's watch cache is per resource; kmock's store wakes every watch, which then
-    ignores a change of another resource). What every watch receives is the same."""
-
-    only_own_resource: bool = True
-
-    def _commit(self, resource: Any, kind: str, obj: Any, prev: Any) -> Any:
-        if not self.only_own_resource:
-            return super()._commit(resource, kind, obj, prev)
-        everyone = self._watches
-        self._watches = [watch for watch in everyone if watch.resource == resource]
-        try:
-            return super()._commit(resource, kind, obj, prev)
-        finally:  # (synchronous: no watch can come or go meanwhile)
-            self._watches = everyone
+# -- the emulator (bench/storm_emulator.py) ---------------------------------------------------
 
 
 def micro_time() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def add_lease(emulator: KubeEmulator, duration: int) -> None:
+async def add_lease(emulator: EmulatorControl, duration: int) -> None:
     now = micro_time()
-    emulator.put_object(
+    await emulator.put_object(
         LEASES,
         {
             "metadata": {"namespace": LEASE.namespace, "name": LEASE.name},
@@ -230,14 +234,19 @@ def agent_seed(seed: int, number: int) -> int:
     return seed * 1_000_003 + number
 
 
-def build_fleet(
-    args: argparse.Namespace,
-    emulator: KubeEmulator,
-    client: KubeClient,
-    sink: CountingSink,
-) -> Fleet:
-    """The pods in the emulator's store, and one set of the product's fallback objects per
-    agent, told what a connected agent hears from its aggregator."""
+@dataclass
+class StoredPods:
+    sidecar: list[PodKey]  # one sidecar agent each
+    by_node: dict[str, list[PodKey]]  # one DaemonSet agent per node
+    stored: dict[PodKey, dict[str, Any]]  # as the emulator stored them (uid, resourceVersion)
+
+    @property
+    def all(self) -> list[PodKey]:
+        return [*self.sidecar, *(key for keys in self.by_node.values() for key in keys)]
+
+
+async def store_pods(args: argparse.Namespace, emulator: EmulatorControl) -> StoredPods:
+    """The fleet's pods in the emulator's store, every one labelled ``true``."""
     sidecar_pods = [PodKey(NS, f"sidecar-{i:05d}") for i in range(args.sidecars)]
     node_names = [f"node-{j:04d}" for j in range(args.nodes)]
     node_pods = {
@@ -245,79 +254,104 @@ def build_fleet(
         for node in node_names
     }
     labels = {"ray.io/cluster": "storm", "ray.io/node-type": "worker", LABEL: "true"}
-    stored: dict[PodKey, dict[str, Any]] = {}
-    for number, key in enumerate(sidecar_pods):
-        stored[key] = emulator.add_pod(
-            NS, key.name, labels=labels, node_name=f"sidecar-node-{number // 10:04d}"
-        )
-    for node, keys in node_pods.items():
-        for key in keys:
-            stored[key] = emulator.add_pod(NS, key.name, labels=labels, node_name=node)
-    pods = [*sidecar_pods, *(key for keys in node_pods.values() for key in keys)]
-    agents_count = len(sidecar_pods) + len(node_names)
+    specs = [
+        (key.name, f"sidecar-node-{number // 10:04d}") for number, key in enumerate(sidecar_pods)
+    ]
+    specs += [(key.name, node) for node, keys in node_pods.items() for key in keys]
+    stored = await emulator.add_pods(NS, labels, specs)
+    by_key = {PodKey(NS, pod["metadata"]["name"]): pod for pod in stored}
+    return StoredPods(sidecar_pods, node_pods, by_key)
+
+
+def make_agent(
+    args: argparse.Namespace,
+    number: int,
+    kind: str,
+    name: str,
+    own: WhosePods,
+    keys: list[PodKey],
+    pod: PodKey | None,
+    client: KubeClient,
+    sink: CountingSink,
+) -> SimAgent:
+    """One agent's fallback objects (the product's), seeded by its number."""
+    budget_seed = agent_seed(args.seed, number)
+    core = Fallback(
+        after=args.fallback_after,
+        own=own,
+        flag_rules=None,
+        clock=time.monotonic,
+        lease=LEASE,
+        budget=ApiBudget(
+            fleet_budget=args.budget,
+            fleet_size=DEFAULT_FLEET_SIZE,  # as an agent starts; the aggregator announces
+            clock=time.monotonic,
+            rng=random.Random(budget_seed),
+        ),
+    )
+    who = f"{name} ({kind}, simulated)"
+    rng = random.Random(budget_seed + 500_000_000)
+
+    async def open_writer(core: Fallback) -> FallbackWriter:
+        return FallbackWriter(client, core, who=who, metrics=sink, rng=rng)
+
+    runner = FallbackRunner(core, open_writer, metrics=sink, own_pod=pod)
+    phase = random.Random(budget_seed).random()  # ApiBudget's first draw: its phase
+    return SimAgent(kind, name, runner, keys, phase)
+
+
+def tell_connected(agent: SimAgent, stored: dict[PodKey, dict[str, Any]], fleet_size: int) -> None:
+    """What a connected agent hears from its aggregator."""
+    runner = agent.runner
+    runner.settings(WRITES)
+    runner.fleet(fleet_size)
+    runner.accepted()
+    for key in agent.pods:
+        pod = stored[key]
+        if agent.kind == "sidecar":
+            metadata = pod["metadata"]
+            runner.pod_view(
+                pb.PodView(
+                    pod=pb.PodRef(namespace=NS, name=key.name, uid=metadata["uid"]),
+                    resource_version=metadata["resourceVersion"],
+                    node_name=pod["spec"]["nodeName"],
+                    label=metadata["labels"][LABEL],
+                )
+            )
+        else:  # its own watch of the node's pods would tell it
+            runner.pod_seen(PodFacts.from_pod(pod))
+
+
+def build_fleet(
+    args: argparse.Namespace,
+    stored: StoredPods,
+    client: KubeClient,
+    sink: CountingSink,
+) -> Fleet:
+    """One set of the product's fallback objects per agent, told what a connected agent hears
+    from its aggregator."""
+    pods = stored.all
+    agents_count = len(stored.sidecar) + len(stored.by_node)
     fleet_size = max(len(pods), agents_count)  # as the aggregator announces it
     chosen = random.Random(args.seed).sample(pods, round(args.failing * len(pods)))
-    failing = set(chosen)
-
-    def writer_for(who: str, rng: random.Random) -> Callable[[Fallback], Any]:
-        async def open_writer(core: Fallback) -> FallbackWriter:
-            return FallbackWriter(client, core, who=who, metrics=sink, rng=rng)
-
-        return open_writer
-
     agents: list[SimAgent] = []
-
-    def make(kind: str, name: str, own: WhosePods, keys: list[PodKey], pod: PodKey | None) -> None:
-        number = len(agents)
-        budget_seed = agent_seed(args.seed, number)
-        core = Fallback(
-            after=args.fallback_after,
-            own=own,
-            flag_rules=None,
-            clock=time.monotonic,
-            lease=LEASE,
-            budget=ApiBudget(
-                fleet_budget=args.budget,
-                fleet_size=DEFAULT_FLEET_SIZE,  # as an agent starts; the aggregator announces
-                clock=time.monotonic,
-                rng=random.Random(budget_seed),
-            ),
+    for key in stored.sidecar:
+        own = WhosePods(pod=key, uid=stored.stored[key]["metadata"]["uid"])
+        agents.append(
+            make_agent(args, len(agents), "sidecar", key.name, own, [key], key, client, sink)
         )
-        who = f"{name} ({kind}, simulated)"
-        rng = random.Random(budget_seed + 500_000_000)
-        runner = FallbackRunner(core, writer_for(who, rng), metrics=sink, own_pod=pod)
-        phase = random.Random(budget_seed).random()  # ApiBudget's first draw: its phase
-        agents.append(SimAgent(kind, name, runner, keys, phase))
-
-    for key in sidecar_pods:
-        uid = stored[key]["metadata"]["uid"]
-        make("sidecar", key.name, WhosePods(pod=key, uid=uid), [key], key)
-    for node, keys in node_pods.items():
-        make("daemonset", node, WhosePods(node_name=node), keys, None)
-
+    for node, keys in stored.by_node.items():
+        own = WhosePods(node_name=node)
+        agents.append(
+            make_agent(args, len(agents), "daemonset", node, own, keys, None, client, sink)
+        )
     owner: dict[PodKey, SimAgent] = {}
     for agent in agents:
-        runner = agent.runner
-        runner.settings(WRITES)
-        runner.fleet(fleet_size)
-        runner.accepted()
+        tell_connected(agent, stored.stored, fleet_size)
         for key in agent.pods:
             owner[key] = agent
-            pod = stored[key]
-            if agent.kind == "sidecar":
-                metadata = pod["metadata"]
-                runner.pod_view(
-                    pb.PodView(
-                        pod=pb.PodRef(namespace=NS, name=key.name, uid=metadata["uid"]),
-                        resource_version=metadata["resourceVersion"],
-                        node_name=pod["spec"]["nodeName"],
-                        label=metadata["labels"][LABEL],
-                    )
-                )
-            else:  # its own watch of the node's pods would tell it
-                runner.pod_seen(PodFacts.from_pod(pod))
     period = PER_SLOT * fleet_size / args.budget
-    return Fleet(agents, pods, failing, owner, fleet_size, period)
+    return Fleet(agents, pods, set(chosen), owner, fleet_size, period)
 
 
 # -- the load generator -----------------------------------------------------------------------
@@ -475,8 +509,8 @@ def run_queue_wait_s(tid: int) -> float:
         return float("nan")
 
 
-def threads_now() -> int:
-    with open("/proc/self/status") as status:
+def threads_of(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
         for line in status:
             if line.startswith("Threads:"):
                 return int(line.split()[1])
@@ -484,48 +518,79 @@ def threads_now() -> int:
 
 
 @dataclass
+class ProcessMax:
+    """The largest RSS, threads and open files seen of one process."""
+
+    rss: int = 0
+    threads: int = 0
+    fds: int = 0
+
+    def sample(self, pid: int, *, fds: bool, prefix: str = "") -> dict[str, Any]:
+        rss, threads = procstat.rss_bytes(pid), threads_of(pid)
+        self.rss, self.threads = max(self.rss, rss), max(self.threads, threads)
+        sample: dict[str, Any] = {
+            f"{prefix}rss_mib": round(rss / 2**20, 1),
+            f"{prefix}threads": threads,
+            f"{prefix}cpu_s": round(procstat.cpu_seconds(pid), 2),
+        }
+        if fds:
+            count = procstat.open_fds(pid)
+            self.fds = max(self.fds, count)
+            sample[f"{prefix}fds"] = count
+        return sample
+
+
+@dataclass
 class Sampler:
-    """RSS, threads, open files, CPU and the shared client's queue, sampled as the run goes."""
+    """RSS, threads, open files, CPU (the bench's process and the emulator's, when it has its
+    own), open watches and the shared client's queue, sampled as the run goes."""
 
     client: KubeClient
-    emulator: KubeEmulator
-    rss_max: int = 0
-    threads_max: int = 0
-    fds_max: int = 0
+    emulator: EmulatorControl
+    bench: ProcessMax = field(default_factory=ProcessMax)
+    child: ProcessMax = field(default_factory=ProcessMax)  # the emulator's process
     queue_max: int = 0  # calls waiting for one of the client's threads
     watches_max: int = 0
+    requests: int = 0  # the latest count
+    watches: int = 0
     series: list[dict[str, Any]] = field(default_factory=list)
 
+    @property
+    def rss_max(self) -> int:
+        return self.bench.rss
+
+    @property
+    def threads_max(self) -> int:
+        return self.bench.threads
+
+    @property
+    def fds_max(self) -> int:
+        return self.bench.fds
+
     async def run(self) -> None:
-        pid = os.getpid()
-        loop = asyncio.get_running_loop()
         queue = self.client._executor._work_queue  # read only: is the client the bottleneck?
-        tid = threading.get_native_id()  # the event loop's thread: agents, emulator, generator
+        tid = threading.get_native_id()  # the event loop's thread: agents, generator (emulator)
         tick = 0
         while True:
             self.queue_max = max(self.queue_max, queue.qsize())
             if tick % 10 == 0:
-                rss, threads = procstat.rss_bytes(pid), threads_now()
-                self.rss_max = max(self.rss_max, rss)
-                self.threads_max = max(self.threads_max, threads)
-                self.watches_max = max(self.watches_max, self.emulator.watch_count)
-                sample = {
-                    "t": round(loop.time(), 1),
-                    "rss_mib": round(rss / 2**20, 1),
-                    "threads": threads,
-                    "cpu_s": round(procstat.cpu_seconds(pid), 2),
-                    "loop_thread_waited_s": round(run_queue_wait_s(tid), 3),
-                    "requests": self.emulator.checkpoint(),
-                    "watches": self.emulator.watch_count,
-                    "loadavg_1m": round(os.getloadavg()[0], 2),
-                }
-                if tick % 50 == 0:
-                    fds = procstat.open_fds(pid)
-                    self.fds_max = max(self.fds_max, fds)
-                    sample["fds"] = fds
-                self.series.append(sample)
+                self.series.append(await self.sample(tid, fds=tick % 50 == 0))
             tick += 1
             await asyncio.sleep(0.1)
+
+    async def sample(self, tid: int, *, fds: bool) -> dict[str, Any]:
+        sample: dict[str, Any] = {
+            "t": round(asyncio.get_running_loop().time(), 1),
+            **self.bench.sample(os.getpid(), fds=fds),
+            "loop_thread_waited_s": round(run_queue_wait_s(tid), 3),
+        }
+        if self.emulator.pid is not None:
+            sample.update(self.child.sample(self.emulator.pid, fds=fds, prefix="emulator_"))
+        self.requests, self.watches = await self.emulator.counters()
+        self.watches_max = max(self.watches_max, self.watches)
+        sample["requests"], sample["watches"] = self.requests, self.watches
+        sample["loadavg_1m"] = round(os.getloadavg()[0], 2)
+        return sample
 
 
 def cpu_share(
@@ -566,172 +631,232 @@ class Timeline:
     last_renewal: float | None = None
 
 
-async def renew_lease(emulator: KubeEmulator, every: float, timeline: Timeline) -> None:
-    """The aggregator renewing its Lease (in the store, not through the API: not counted)."""
-    while True:
-        emulator.patch_object(
+async def renew_lease(
+    emulator: EmulatorControl, every: float, timeline: Timeline, stop: asyncio.Event
+) -> None:
+    """The aggregator renewing its Lease (in the store, not through the API: not counted) until
+    ``stop`` (a renewal under way is finished first)."""
+    while not stop.is_set():
+        await emulator.patch_object(
             LEASES, LEASE.namespace, LEASE.name, {"spec": {"renewTime": micro_time()}}
         )
         timeline.last_renewal = time.monotonic()
-        await asyncio.sleep(every)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), every)
 
 
 async def progress(
-    emulator: KubeEmulator, timeline: Timeline, gen: Generator, sampler: Sampler, every: float
+    emulator: EmulatorControl,
+    timeline: Timeline,
+    gen: Generator,
+    sampler: Sampler,
+    every: float,
 ) -> None:
     last = 0
     while True:
         await asyncio.sleep(every)
         now = time.monotonic()
-        count = emulator.checkpoint()
+        count, watches = await emulator.counters()
         if timeline.t0 is not None:
             where = f"t0+{now - timeline.t0:6.0f}s"
         elif timeline.t_end is not None:
             where = f"t_end+{now - timeline.t_end:4.0f}s (Lease renewed)"
         else:
             where = f"connected {now - timeline.started:4.0f}s"
+        lag = max(gen.slice_lag[-200:], default=0.0)
+        child = (
+            ""
+            if emulator.pid is None
+            else f"; emulator rss {sampler.child.rss / 2**20:.0f} MiB, fds {sampler.child.fds} max"
+        )
         print(
             f"  {where}: {count} requests ({(count - last) / every:.1f}/s lately), "
-            f"watches {emulator.watch_count}, rss {sampler.rss_max / 2**20:.0f} MiB max, "
-            f"threads {sampler.threads_max} max, generator late rounds {gen.rounds_late}, "
-            f"slice lag max {max(gen.slice_lag[-200:], default=0):.3f}s",
+            f"watches {watches}, rss {sampler.rss_max / 2**20:.0f} MiB max, "
+            f"threads {sampler.threads_max} max, fds {sampler.fds_max} max{child}, generator "
+            f"late rounds {gen.rounds_late}, slice lag max {lag:.3f}s",
             flush=True,
         )
         last = count
 
 
-async def run(args: argparse.Namespace) -> dict[str, Any]:
-    procstat.raise_fd_limit()
-    timeline = Timeline()
-    sink = CountingSink()
-    gc_pauses = GcPauses()
+@dataclass
+class Setup:
+    fleet: Fleet
+    runner_tasks: list[asyncio.Task[Any]]
+    memory: dict[str, Any]
+
+
+async def set_up(
+    args: argparse.Namespace,
+    emulator: EmulatorControl,
+    client: KubeClient,
+    sink: CountingSink,
+    gc_pauses: GcPauses,
+) -> Setup:
+    """The pods in the store, the agents running (connected), the collector out of the way."""
     pid = os.getpid()
-    rss_start = procstat.rss_bytes(pid)
-    async with StormEmulator() as emulator, kmock.Server(emulator):
-        emulator.only_own_resource = not args.plain_emulator
+    built = time.monotonic()
+    stored = await store_pods(args, emulator)
+    rss_before_agents = procstat.rss_bytes(pid)
+    fleet = build_fleet(args, stored, client, sink)
+    runner_tasks = [
+        asyncio.create_task(agent.runner.run(), name=f"fallback {agent.name}")
+        for agent in fleet.agents
+    ]
+    await asyncio.sleep(0.5)
+    # The setup's objects (store, agents) out of the collector's way; and with --gc off (the
+    # default) no collections at all during the run (see GC in the module doc), in either process.
+    await emulator.settle_gc(disable=args.gc == "off")
+    gc.collect()
+    gc.freeze()
+    if args.gc == "off":
+        gc.disable()
+    gc.callbacks.append(gc_pauses)
+    rss_agents = procstat.rss_bytes(pid)
+    setup_s = time.monotonic() - built
+    failing_agents = {id(fleet.owner[key]) for key in fleet.failing}
+    print(
+        f"fleet: {args.sidecars} sidecars + {args.nodes} DaemonSet agents "
+        f"({len(fleet.pods)} pods, fleet size {fleet.fleet_size}); failing "
+        f"{len(fleet.failing)} pods on {len(failing_agents)} agents; budget "
+        f"{args.budget:g}/s: a slot of {PER_SLOT} requests every {fleet.period:.1f}s per "
+        f"agent; built in {setup_s:.1f}s, RSS {rss_agents / 2**20:.0f} MiB",
+        flush=True,
+    )
+    where = "in this process" if emulator.pid is None else f"in process {emulator.pid}"
+    print(
+        f"  ({shared_cpu(args)}; emulator {where} at {emulator.url}; "
+        f"CPUs allowed: {sorted(os.sched_getaffinity(0))})",
+        flush=True,
+    )
+    memory = {
+        "rss_before_agents_mib": round(rss_before_agents / 2**20, 1),
+        "rss_with_agents_mib": round(rss_agents / 2**20, 1),
+        "rss_per_agent_kib": round((rss_agents - rss_before_agents) / len(fleet.agents) / 1024, 1),
+        "setup_s": round(setup_s, 1),
+    }
+    return Setup(fleet, runner_tasks, memory)
+
+
+async def play(
+    args: argparse.Namespace,
+    emulator: EmulatorControl,
+    fleet: Fleet,
+    gen: Generator,
+    timeline: Timeline,
+    stop_renewing: asyncio.Event,
+    renewer: asyncio.Task[Any],
+) -> int:
+    """The timeline: connected, every stream ended (the Lease still renewed), t0 (the
+    aggregator dead) and ``--duration`` more. Returns the requests before it began."""
+    timeline.started = time.monotonic()
+    mark_connected, _ = await emulator.counters()
+    print(f"connected for {args.connected:g}s ...", flush=True)
+    await asyncio.sleep(args.connected)
+
+    timeline.t_end = time.monotonic()
+    for agent in fleet.agents:
+        agent.runner.ended()
+    gen.storm = True
+    print(
+        f"t_end: every stream ended, {len(fleet.failing)} pods NOT_READY from now on; "
+        f"the Lease is renewed {args.renewed_for:g}s more",
+        flush=True,
+    )
+    await asyncio.sleep(args.renewed_for)
+
+    stop_renewing.set()
+    await renewer
+    timeline.t0 = time.monotonic()
+    print(
+        f"t0: the aggregator is dead (Lease last renewed "
+        f"{timeline.t0 - (timeline.last_renewal or timeline.t0):.1f}s ago); "
+        f"running {args.duration:g}s",
+        flush=True,
+    )
+    await asyncio.sleep(args.duration)
+    timeline.stop = time.monotonic()
+    return mark_connected
+
+
+async def run_against(
+    args: argparse.Namespace, emulator: EmulatorControl, client: KubeClient
+) -> dict[str, Any]:
+    timeline, sink, gc_pauses = Timeline(), CountingSink(), GcPauses()
+    stop_renewing = asyncio.Event()
+    tasks: list[asyncio.Task[Any]] = []
+    try:
+        await add_lease(emulator, args.lease_duration)
+        renewer = asyncio.create_task(
+            renew_lease(emulator, args.renew_every, timeline, stop_renewing), name="renewer"
+        )
+        tasks.append(renewer)
+        setup = await set_up(args, emulator, client, sink, gc_pauses)
+        tasks += setup.runner_tasks
+        gen = Generator(setup.fleet, args.probe_interval, args.slices, args.seed)
+        sampler = Sampler(client, emulator)
+        tasks.append(asyncio.create_task(gen.run(), name="generator"))
+        tasks.append(asyncio.create_task(sampler.run(), name="sampler"))
+        watching = progress(emulator, timeline, gen, sampler, args.progress_every)
+        tasks.append(asyncio.create_task(watching, name="progress"))
+        mark = await play(args, emulator, setup.fleet, gen, timeline, stop_renewing, renewer)
+        print("stopping ...", flush=True)
+        gc.callbacks.remove(gc_pauses)  # (the collections during the run only)
+        began = time.perf_counter()
+        gc_pauses.final_freed = gc.collect()  # the cyclic garbage the run left, if any
+        gc_pauses.final_s = time.perf_counter() - began
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        with contextlib.suppress(ValueError):
+            gc.callbacks.remove(gc_pauses)
+        gc.enable()
+    began = time.monotonic()
+    calls = await emulator.requests()
+    final_labels = {
+        PodKey(NS, pod["metadata"]["name"]): (pod["metadata"].get("labels") or {}).get(LABEL)
+        for pod in await emulator.list_objects(PODS, NS)
+    }
+    print(
+        f"  agents stopped in {began - (timeline.stop or began):.1f}s; {len(calls)} requests "
+        f"and {len(final_labels)} pods read from the emulator in {time.monotonic() - began:.1f}s",
+        flush=True,
+    )
+    return analyse(
+        args,
+        setup.fleet,
+        timeline,
+        calls[mark:],
+        calls[:mark],
+        final_labels,
+        gen,
+        sampler,
+        sink,
+        gc_pauses.summary(),
+        memory=setup.memory,
+    )
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    procstat.raise_fd_limit()  # (the emulator's process inherits it, and raises its own)
+    rss_start = procstat.rss_bytes(os.getpid())
+    where = LocalEmulator if args.in_process else ChildEmulator
+    async with where(only_own_resource=not args.plain_emulator) as emulator:
         client = KubeClient(
             emulator.client_configuration(),
             timeout=10.0,
             concurrency=args.concurrency,
             user_agent="fallback-storm-bench",
         )
-        tasks: list[asyncio.Task[Any]] = []
-        runner_tasks: list[asyncio.Task[Any]] = []
         try:
-            add_lease(emulator, args.lease_duration)
-            renewer = asyncio.create_task(renew_lease(emulator, args.renew_every, timeline))
-            tasks.append(renewer)
-            built = time.monotonic()
-            rss_before_agents = procstat.rss_bytes(pid)
-            fleet = build_fleet(args, emulator, client, sink)
-            runner_tasks = [
-                asyncio.create_task(agent.runner.run(), name=f"fallback {agent.name}")
-                for agent in fleet.agents
-            ]
-            await asyncio.sleep(0.5)
-            # The setup's objects (store, agents) out of the collector's way; and with --gc off
-            # (the default) no collections at all during the run (see GC in the module doc).
-            gc.collect()
-            gc.freeze()
-            if args.gc == "off":
-                gc.disable()
-            gc.callbacks.append(gc_pauses)
-            rss_agents = procstat.rss_bytes(pid)
-            setup_s = time.monotonic() - built
-            failing_agents = {id(fleet.owner[key]) for key in fleet.failing}
-            print(
-                f"fleet: {args.sidecars} sidecars + {args.nodes} DaemonSet agents "
-                f"({len(fleet.pods)} pods, fleet size {fleet.fleet_size}); failing "
-                f"{len(fleet.failing)} pods on {len(failing_agents)} agents; budget "
-                f"{args.budget:g}/s: a slot of {PER_SLOT} requests every {fleet.period:.1f}s per "
-                f"agent; built in {setup_s:.1f}s, RSS {rss_agents / 2**20:.0f} MiB",
-                flush=True,
-            )
-            print(f"  ({SHARED_CPU}; CPUs allowed: {sorted(os.sched_getaffinity(0))})", flush=True)
-
-            gen = Generator(fleet, args.probe_interval, args.slices, args.seed)
-            sampler = Sampler(client, emulator)
-            tasks.append(asyncio.create_task(gen.run(), name="generator"))
-            tasks.append(asyncio.create_task(sampler.run(), name="sampler"))
-            tasks.append(
-                asyncio.create_task(
-                    progress(emulator, timeline, gen, sampler, args.progress_every), name="progress"
-                )
-            )
-
-            timeline.started = time.monotonic()
-            mark_connected = emulator.checkpoint()
-            print(f"connected for {args.connected:g}s ...", flush=True)
-            await asyncio.sleep(args.connected)
-
-            timeline.t_end = time.monotonic()
-            for agent in fleet.agents:
-                agent.runner.ended()
-            gen.storm = True
-            print(
-                f"t_end: every stream ended, {len(fleet.failing)} pods NOT_READY from now on; "
-                f"the Lease is renewed {args.renewed_for:g}s more",
-                flush=True,
-            )
-            await asyncio.sleep(args.renewed_for)
-
-            renewer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await renewer
-            timeline.t0 = time.monotonic()
-            print(
-                f"t0: the aggregator is dead (Lease last renewed "
-                f"{timeline.t0 - (timeline.last_renewal or timeline.t0):.1f}s ago); "
-                f"running {args.duration:g}s",
-                flush=True,
-            )
-            await asyncio.sleep(args.duration)
-            timeline.stop = time.monotonic()
-            print("stopping ...", flush=True)
-            gc.callbacks.remove(gc_pauses)  # (the collections during the run only)
-            began = time.perf_counter()
-            gc_pauses.final_freed = gc.collect()  # the cyclic garbage the run left, if any
-            gc_pauses.final_s = time.perf_counter() - began
+            result = await run_against(args, emulator, client)
         finally:
-            for task in tasks:
-                task.cancel()
-            for task in runner_tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, *runner_tasks, return_exceptions=True)
-            calls = emulator.requests()
-            final_labels = {
-                PodKey(NS, pod["metadata"]["name"]): (pod["metadata"].get("labels") or {}).get(
-                    LABEL
-                )
-                for pod in emulator.list_objects(PODS, NS)
-            }
             client.close()
-            await emulator.close()
-            with contextlib.suppress(ValueError):
-                gc.callbacks.remove(gc_pauses)
-            gc.enable()
-
-    return analyse(
-        args,
-        fleet,
-        timeline,
-        calls[mark_connected:],
-        calls[:mark_connected],
-        final_labels,
-        gen,
-        sampler,
-        sink,
-        gc_pauses.summary(),
-        memory={
-            "rss_start_mib": round(rss_start / 2**20, 1),
-            "rss_before_agents_mib": round(rss_before_agents / 2**20, 1),
-            "rss_with_agents_mib": round(rss_agents / 2**20, 1),
-            "rss_per_agent_kib": round(
-                (rss_agents - rss_before_agents) / len(fleet.agents) / 1024, 1
-            ),
-            "setup_s": round(setup_s, 1),
-        },
-    )
+            closing = time.monotonic()
+    print(f"  emulator closed in {time.monotonic() - closing:.1f}s", flush=True)
+    result["resources"] = {"rss_start_mib": round(rss_start / 2**20, 1), **result["resources"]}
+    return result
 
 
 # -- the analysis -----------------------------------------------------------------------------
@@ -782,7 +907,7 @@ def max_window_mean(buckets: Sequence[int], width: int) -> float:
     return best / width
 
 
-def by_verb(calls: Sequence[ApiCall]) -> dict[str, int]:
+def by_verb(calls: Sequence[Arrival]) -> dict[str, int]:
     counts: Counter[str] = Counter()
     for call in calls:
         what = call.resource or "?"
@@ -790,6 +915,18 @@ def by_verb(calls: Sequence[ApiCall]) -> dict[str, int]:
             what += f"/{call.subresource}"
         counts[f"{call.verb} {what}"] += 1
     return dict(sorted(counts.items()))
+
+
+def peak_count(calls: Sequence[Arrival], window: float = 1.0) -> int:
+    """The largest number of ``calls`` that arrived within any ``window`` seconds (as
+    testsupport.kube.emulator.peak_count counts ApiCalls)."""
+    times = sorted(call.at for call in calls)
+    best = start = 0
+    for end, at in enumerate(times):
+        while at - times[start] >= window:
+            start += 1
+        best = max(best, end - start + 1)
+    return best
 
 
 def stats(values: Sequence[float]) -> dict[str, float | None]:
@@ -808,8 +945,8 @@ def analyse(
     args: argparse.Namespace,
     fleet: Fleet,
     tl: Timeline,
-    calls: list[ApiCall],
-    before: list[ApiCall],
+    calls: list[Arrival],
+    before: list[Arrival],
     final_labels: dict[PodKey, str | None],
     gen: Generator,
     sampler: Sampler,
@@ -937,25 +1074,51 @@ def analyse(
             "concurrency": args.concurrency,
             "max_calls_queued_for_a_thread": sampler.queue_max,
         },
-        "resources": {
-            **memory,
-            "rss_max_mib": round(sampler.rss_max / 2**20, 1),
-            "threads_max": sampler.threads_max,
-            "open_files_max": sampler.fds_max,
-            "open_watches_max": sampler.watches_max,
-            "cpu_share_connected": cpu_share(sampler.series, tl.started, tl.t_end),
-            "cpu_share_lease_renewed": cpu_share(sampler.series, tl.t_end, tl.t0),
-            "cpu_share_after_t0": cpu_share(sampler.series, tl.t0, tl.stop),
-            "loop_thread_waiting_for_a_cpu_share": {
-                "connected": cpu_share(sampler.series, tl.started, tl.t_end, WAITED),
-                "lease_renewed": cpu_share(sampler.series, tl.t_end, tl.t0, WAITED),
-                "after_t0": cpu_share(sampler.series, tl.t0, tl.stop, WAITED),
-                "worst_10s": worst_wait(sampler.series),
-            },
-            "machine_loadavg_1m_max": max((s["loadavg_1m"] for s in sampler.series), default=None),
-            "samples": sampler.series[::10],
-        },
+        "resources": resources(sampler, tl, memory),
         "verdicts": verdicts,
+    }
+
+
+def resources(sampler: Sampler, tl: Timeline, memory: dict[str, Any]) -> dict[str, Any]:
+    """The bench's process (the emulator's too with --in-process), then the emulator's own."""
+    assert tl.t_end is not None
+    assert tl.t0 is not None
+    assert tl.stop is not None
+    return {
+        **memory,
+        "rss_max_mib": round(sampler.rss_max / 2**20, 1),
+        "threads_max": sampler.threads_max,
+        "open_files_max": sampler.fds_max,
+        "open_watches_max": sampler.watches_max,
+        "cpu_share_connected": cpu_share(sampler.series, tl.started, tl.t_end),
+        "cpu_share_lease_renewed": cpu_share(sampler.series, tl.t_end, tl.t0),
+        "cpu_share_after_t0": cpu_share(sampler.series, tl.t0, tl.stop),
+        "loop_thread_waiting_for_a_cpu_share": {
+            "connected": cpu_share(sampler.series, tl.started, tl.t_end, WAITED),
+            "lease_renewed": cpu_share(sampler.series, tl.t_end, tl.t0, WAITED),
+            "after_t0": cpu_share(sampler.series, tl.t0, tl.stop, WAITED),
+            "worst_10s": worst_wait(sampler.series),
+        },
+        "machine_loadavg_1m_max": max((s["loadavg_1m"] for s in sampler.series), default=None),
+        "emulator_process": emulator_process(sampler, tl.started, tl.t_end, tl.t0, tl.stop),
+        "samples": sampler.series[::10],
+    }
+
+
+def emulator_process(
+    sampler: Sampler, started: float, t_end: float, t0: float, stop: float
+) -> dict[str, Any] | None:
+    """The emulator's own process, when it has one (None: --in-process, counted above)."""
+    if sampler.emulator.pid is None:
+        return None
+    series, what = sampler.series, "emulator_cpu_s"
+    return {
+        "rss_max_mib": round(sampler.child.rss / 2**20, 1),
+        "threads_max": sampler.child.threads,
+        "open_files_max": sampler.child.fds,
+        "cpu_share_connected": cpu_share(series, started, t_end, what),
+        "cpu_share_lease_renewed": cpu_share(series, t_end, t0, what),
+        "cpu_share_after_t0": cpu_share(series, t0, stop, what),
     }
 
 
@@ -1055,6 +1218,26 @@ def table(result: dict[str, Any]) -> list[tuple[str, str, str]]:
             f"{res['cpu_share_connected']} / {res['cpu_share_lease_renewed']} / "
             f"{res['cpu_share_after_t0']}",
         ),
+        *emulator_rows(res["emulator_process"]),
+    ]
+
+
+def emulator_rows(child: dict[str, Any] | None) -> list[tuple[str, str, str]]:
+    """The emulator's own process (the rows above are the bench's), when it has one."""
+    if child is None:
+        return []
+    return [
+        (
+            "emulator process: RSS / threads / open files (max)",
+            "-",
+            f"{child['rss_max_mib']:g} MiB / {child['threads_max']} / {child['open_files_max']}",
+        ),
+        (
+            "  its CPU (share of a core): connected / renewed / after t0",
+            "-",
+            f"{child['cpu_share_connected']} / {child['cpu_share_lease_renewed']} / "
+            f"{child['cpu_share_after_t0']}",
+        ),
     ]
 
 
@@ -1065,7 +1248,7 @@ def print_table(rows: list[tuple[str, str, str]]) -> None:
         print(f"{line[0].ljust(widths[0])}  {line[1].ljust(widths[1])}  {line[2]}")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--sidecars", type=int, default=10_000)
     parser.add_argument("--nodes", type=int, default=1_000, help="one DaemonSet agent each")
@@ -1099,11 +1282,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="hand every change to every open watch, as kmock does",
     )
+    parser.add_argument(
+        "--in-process",
+        action="store_true",
+        help="run the emulator in this process (its own by default; a few thousand agents at "
+        "most: every connection is a file descriptor on either side)",
+    )
     parser.add_argument("--output", "--out", type=Path, default=DEFAULT_OUTPUT)
     args = parser.parse_args(argv)
     if not 0 <= args.failing <= 1:
         parser.error("--failing is a share, 0 to 1")
+    return args
 
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     counting = CountingHandler()
     for name in ("node_agent", "servehealth_common", "urllib3"):
@@ -1133,7 +1326,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"(at most {gen['round_end_vs_interval_s_max']:g}s, never two in a row): a "
             "transient, not a sustained lag."
         )
-    print(f"  ({SHARED_CPU})")
+    print(f"  ({shared_cpu(args)})")
     document = {
         "benchmark": "fallback_storm",
         "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -1142,7 +1335,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
         "cpus_allowed": sorted(os.sched_getaffinity(0)),
-        "shared_cpu": SHARED_CPU,
+        "shared_cpu": shared_cpu(args),
+        "emulator_process": "the bench's" if args.in_process else "a child process of its own",
         "emulator_watch_delivery": "all watches" if args.plain_emulator else "own resource only",
         "args": {
             key: str(value) if isinstance(value, Path) else value
