@@ -95,6 +95,14 @@ def the_release(kube: KubeEmulator) -> ApiCall:
     return found[0]
 
 
+async def leading(kube: KubeEmulator, aggregator: harness.AggregatorProcess) -> None:
+    """Wait until ``aggregator`` leads: the Lease names it *and* it has the answer (its log says
+    so). The emulator stores the Lease before the answer reaches the aggregator: a SIGTERM in
+    between finds a standby, which has nothing to release (seen once in CI, 28 ms apart)."""
+    await eventually(lambda: lease_holder(kube), WAIT)
+    await eventually(lambda: "standby -> leading" in aggregator.log_text(), WAIT)
+
+
 async def start(tmp_path: Path, kubeconfig: Path) -> harness.AggregatorProcess:
     return await asyncio.to_thread(
         leading_aggregator,
@@ -115,7 +123,7 @@ async def test_sigterm_releases_the_lease(
     kube = kube_emulator
     aggregator = await start(tmp_path, kubeconfig_path)
     processes.append(aggregator)
-    await eventually(lambda: lease_holder(kube), WAIT)
+    await leading(kube, aggregator)
     assert lease_spec(kube)["leaseDurationSeconds"] == LEASE_SECONDS
     assert releases(kube) == []
 
@@ -145,7 +153,7 @@ async def test_a_refused_agent_falls_back_at_once_when_its_aggregator_stops(
     pod = add_pod(kube, "worker", proxy, labels={LABEL: "true"})
     aggregator = await start(tmp_path, kubeconfig_path)
     processes.append(aggregator)
-    await eventually(lambda: lease_holder(kube), WAIT)
+    await leading(kube, aggregator)
     agent = spawn_sidecar(
         tmp_path,
         aggregator.address,
