@@ -87,8 +87,9 @@ async def test_every_grpcurl_command_in_the_docs_runs(aggregator: Aggregator) ->
 
 def defined_metrics() -> set[str]:
     """The exposition names of the metrics aggregator/metrics.py and node_agent/metrics.py (the
-    agent's own, on its --metrics-listen port) define."""
-    suffix = {"Counter": "_total", "Info": "_info"}
+    agent's own, on its --metrics-listen port) define: by a constructor, or by a ``Metrics``
+    helper named after its kind (``self._counter("name", ...)``)."""
+    suffix = {"Counter": "_total", "counter": "_total", "Info": "_info"}
     found = set()
     for module in ("aggregator/metrics.py", "node_agent/metrics.py"):
         path = ROOT / module
@@ -97,9 +98,10 @@ def defined_metrics() -> set[str]:
         source = path.read_text()
         prefix = re.search(r'^PREFIX = "(\w+)"', source, flags=re.MULTILINE)[1]  # type: ignore[index]
         found |= {
-            f"{prefix}_{name}{suffix.get(kind, '')}"
-            for kind, name in re.findall(
-                r'\b(Counter|Gauge|Histogram|Info|GaugeMetricFamily)\(\s*f"\{PREFIX\}_(\w+)"',
+            f"{prefix}_{name}{suffix.get(kind or helper, '')}"
+            for kind, helper, name in re.findall(
+                r'\b(?:(Counter|Gauge|Histogram|Info|GaugeMetricFamily)\(\s*f"\{PREFIX\}_|'
+                r'self\._(counter|gauge|histogram|scraped)\(\s*")(\w+)"',
                 source,
             )
         }
