@@ -46,6 +46,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from node_agent.sink import MetricsSink
 from node_agent.watchdog import Watchdog
 from servehealth_common.config import split_host_port
 from servehealth_common.listening import host_port, start_metrics
@@ -95,7 +96,7 @@ class _ProbedPods(Collector):
         )
 
 
-class AgentMetrics:
+class AgentMetrics(MetricsSink):
     """The agent's metrics, in :attr:`registry`; a :class:`~node_agent.sink.MetricsSink`."""
 
     def __init__(self) -> None:
@@ -223,7 +224,8 @@ async def serving(
         metrics.registry,
         MetricsServerSettings(host=host, port=port),
         checks={
-            "/livez": watchdog.stall if watchdog is not None else _answering,
+            # Without a watchdog, answering at all means the event loop runs.
+            "/livez": watchdog.stall if watchdog is not None else lambda: None,
             "/readyz": agent.not_ready,
         },
     )
@@ -233,8 +235,3 @@ async def serving(
         yield server
     finally:
         await server.stop()
-
-
-def _answering() -> str | None:
-    """``/livez`` without a watchdog: answering at all means the event loop runs."""
-    return None

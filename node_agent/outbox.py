@@ -40,17 +40,11 @@ class Outbox:
         self._latest[key] = (pod, result)
         if changed or new:
             reports = self.reports_per_change if result.state.serving else self.reports_per_failure
-            if reports > 1:
-                self._owed[key] = reports - 1
-            else:
-                self._owed.pop(key, None)
+            self._owed[key] = reports - 1
         elif key in self._dirty:
             return  # replaces a result not sent yet: still one report, no confirmation spent
-        elif (owed := self._owed.get(key, 0)) > 0:
-            if owed > 1:
-                self._owed[key] = owed - 1
-            else:
-                del self._owed[key]
+        elif self._owed.get(key, 0) > 0:
+            self._owed[key] -= 1
         else:
             return
         self._dirty[key] = None

@@ -12,12 +12,14 @@ event; each is made from the event loop.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
-from typing import Protocol
 
 from servehealth_common.states import ServeState
 
 
-class MetricsSink(Protocol):
+class MetricsSink:
+    """What the agent tells its metrics; every method does nothing here (:class:`NoMetrics`),
+    :class:`~node_agent.metrics.AgentMetrics` overrides them."""
+
     def probing(self, key: Hashable, namespace: str, name: str) -> None:
         """A probe loop for the pod ``namespace/name`` starts; ``key`` names it from now on."""
 
@@ -52,37 +54,8 @@ class MetricsSink(Protocol):
         """A fallback request waited ``seconds`` for the agent's next slot."""
 
 
-class NoMetrics:
+class NoMetrics(MetricsSink):
     """The sink of an agent without ``--metrics-listen``."""
-
-    def probing(self, key: Hashable, namespace: str, name: str) -> None:
-        pass
-
-    def probed(self, key: Hashable, state: ServeState, seconds: float) -> None:
-        pass
-
-    def not_probing(self, key: Hashable) -> None:
-        pass
-
-    def connected(self, up: bool) -> None:
-        pass
-
-    def stream_failed(self) -> None:
-        pass
-
-    def fallback_clock(self, seconds: Callable[[], float]) -> None:
-        pass
-
-    def fallback_write(self, kind: str, result: str) -> None:
-        pass
-
-    def fallback_gauges(
-        self, lease_renewed: Callable[[], float], slot_seconds: Callable[[], float]
-    ) -> None:
-        pass
-
-    def fallback_waited(self, seconds: float) -> None:
-        pass
 
 
 NO_METRICS: MetricsSink = NoMetrics()

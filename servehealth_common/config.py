@@ -139,18 +139,6 @@ def env_name(field: dataclasses.Field[Any]) -> str:
     return ENV_PREFIX + field.name.upper()
 
 
-def _parser_for(field: dataclasses.Field[Any], kind: type) -> Callable[[str], Any]:
-    if field.metadata.get("duration"):
-        return parse_duration
-    if kind is bool:
-        return parse_bool
-    return kind
-
-
-def _is_repeatable(kind: Any) -> bool:
-    return typing.get_origin(kind) is tuple
-
-
 def _render_default(field: dataclasses.Field[Any]) -> str:
     if field.metadata.get("shown"):
         return str(field.metadata["shown"])
@@ -194,26 +182,15 @@ def build_parser(
         help="show the program's name and version and exit",
     )
     hints = typing.get_type_hints(cls)
-    sections = _help_sections(cls, parser)
-    for field in dataclasses.fields(cls):
-        _add_setting(sections.get(field.name, parser), field, hints[field.name], environ)
-    return parser
-
-
-def _help_sections(
-    cls: type, parser: argparse.ArgumentParser
-) -> dict[str, argparse._ArgumentGroup]:
-    """Each field's section of ``--help`` (the class's ``HELP_GROUPS``: a title and the first
-    field of each section, in field order); {} without."""
-    starts = dict((first, title) for title, first in getattr(cls, "HELP_GROUPS", ()))
-    sections: dict[str, argparse._ArgumentGroup] = {}
-    current: argparse._ArgumentGroup | None = None
+    # The sections of --help: the class's HELP_GROUPS, a title and the first field of each
+    # section, in field order (the fields before the first one, or all without: no section).
+    starts = {first: title for title, first in getattr(cls, "HELP_GROUPS", ())}
+    target: argparse.ArgumentParser | argparse._ArgumentGroup = parser
     for field in dataclasses.fields(cls):
         if field.name in starts:
-            current = parser.add_argument_group(starts[field.name])
-        if current is not None:
-            sections[field.name] = current
-    return sections
+            target = parser.add_argument_group(starts[field.name])
+        _add_setting(target, field, hints[field.name], environ)
+    return parser
 
 
 def _add_setting(
@@ -228,13 +205,14 @@ def _add_setting(
     if field.metadata.get("hidden"):
         help_text = argparse.SUPPRESS
     metavar = field.metadata.get("metavar") or field.name.upper()
-    if _is_repeatable(kind):
+    if typing.get_origin(kind) is tuple:
         # Repeatable: argparse appends to a list; None means "not given on the command line".
         target.add_argument(
             flag_name(field), dest=field.name, action="append", metavar=metavar, help=help_text
         )
         return
-    convert = _parser_for(field, kind)
+    duration = field.metadata.get("duration")
+    convert = parse_duration if duration else parse_bool if kind is bool else kind
     default: Any = field.default
     choices = field.metadata.get("choices")
     if env in environ:
@@ -276,19 +254,13 @@ def _attach_negative_values(argv: Sequence[str], flags: Sequence[str]) -> list[s
     flag unless it is a plain negative number, so ``-1s`` never reached the validation of its
     flag ("expected one argument"). Every flag of a settings class takes one value."""
     result: list[str] = []
-    index = 0
-    while index < len(argv):
-        token = argv[index]
+    for index, token in enumerate(argv):
         if token == "--":
-            result += argv[index:]
-            break
-        following = argv[index + 1] if index + 1 < len(argv) else ""
-        if _takes_value(token, flags) and _NEGATIVE_VALUE.match(following):
-            result.append(f"{token}={following}")
-            index += 2
+            return result + list(argv[index:])
+        if result and _NEGATIVE_VALUE.match(token) and _takes_value(result[-1], flags):
+            result[-1] += f"={token}"  # the value of the flag before it
         else:
             result.append(token)
-            index += 1
     return result
 
 
@@ -302,7 +274,7 @@ def _takes_value(token: str, flags: Sequence[str]) -> bool:
 def _fill_repeatable(cls: type, values: dict[str, Any], environ: Mapping[str, str]) -> None:
     hints = typing.get_type_hints(cls)
     for field in dataclasses.fields(cls):
-        if not _is_repeatable(hints[field.name]):
+        if typing.get_origin(hints[field.name]) is not tuple:
             continue
         given = values[field.name]
         if given is not None:

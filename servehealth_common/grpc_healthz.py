@@ -121,16 +121,15 @@ class GrpcHealthz:
 
 
 def _from_answer(answer: bytes | None) -> GrpcAnswer:
-    if answer is None:  # OK and no message at all: HAProxy's trailers-only answer
-        return GrpcAnswer(classify.classify_grpc_healthz("OK", None), answered=True)
-    try:
-        message = wrappers_pb2.StringValue.FromString(answer).value
+    try:  # None: OK and no message at all, HAProxy's trailers-only answer (as an empty one)
+        message = wrappers_pb2.StringValue.FromString(answer or b"").value
     except DecodeError:
         verdict = classify.Verdict(
             ServeState.UNHEALTHY, "OK with an answer that is not a HealthzResponse."
         )
-        return GrpcAnswer(verdict, answered=True)
-    return GrpcAnswer(classify.classify_grpc_healthz("OK", message), answered=True)
+    else:
+        verdict = classify.classify_grpc_healthz("OK", message)
+    return GrpcAnswer(verdict, answered=True)
 
 
 def _from_error(error: grpc.aio.AioRpcError, timeout: float) -> GrpcAnswer:

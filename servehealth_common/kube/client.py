@@ -196,9 +196,7 @@ class KubeClient:
         self, namespace: str | None, label_selector: str, field_selector: str | None = None
     ) -> tuple[list[dict[str, Any]], str]:
         """All matching pods and the list's resourceVersion (to watch from)."""
-        kwargs: dict[str, Any] = {"label_selector": label_selector}
-        if field_selector:
-            kwargs["field_selector"] = field_selector
+        kwargs = {"label_selector": label_selector, "field_selector": field_selector or None}
         if namespace:
             body = await self._call(
                 f"list pods in {namespace}", self.core.list_namespaced_pod, namespace, **kwargs
@@ -223,6 +221,7 @@ class KubeClient:
         what = f"watch pods{' in ' + namespace if namespace else ''}"
         kwargs: dict[str, Any] = {
             "label_selector": label_selector,
+            "field_selector": field_selector or None,
             "watch": True,
             "allow_watch_bookmarks": True,
             "resource_version": resource_version,
@@ -230,8 +229,6 @@ class KubeClient:
             "_preload_content": False,
             "_request_timeout": (self.timeout, timeout_seconds + 10),
         }
-        if field_selector:
-            kwargs["field_selector"] = field_selector
         if namespace:
             yield from _watch_events(what, self.core.list_namespaced_pod, namespace, **kwargs)
         else:
