@@ -13,7 +13,8 @@ import logging
 import os
 import time
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import fields
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from aggregator import __version__
 from aggregator.auth import DEFAULT_AUDIENCE, ReviewUnavailable, TokenReviewer
@@ -52,6 +53,9 @@ from servehealth_common.kube.client import NoKubeConfig, find_config, load_confi
 from servehealth_common.kube.errors import APIError
 from servehealth_common.metrics_http import HealthCheck, MetricsServer, MetricsServerSettings
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
 log = logging.getLogger(__name__)
 
 #: Threads (and connections) for TokenReview calls: a pool of their own, so that a reconnect
@@ -59,17 +63,25 @@ log = logging.getLogger(__name__)
 REVIEW_THREADS = 8
 
 
+S = TypeVar("S", bound="DataclassInstance")
+
+
 # -- each component's own settings ------------------------------------------------------------
 
 
+def from_flags(kind: type[S], flags: AggregatorFlags, **given: Any) -> S:
+    """A ``kind`` settings object: each field named as a flag takes that flag's value, unless
+    ``given`` has it; the others keep their defaults."""
+    named = {field.name for field in fields(flags)} - given.keys()
+    taken = {
+        field.name: getattr(flags, field.name) for field in fields(kind) if field.name in named
+    }
+    return kind(**taken, **given)
+
+
 def tracker_settings(flags: AggregatorFlags) -> TrackerSettings:
-    return TrackerSettings(
-        heartbeat_ttl=flags.heartbeat_ttl,
-        failure_threshold=flags.failure_threshold,
-        success_threshold=flags.success_threshold,
-        # A pulled pod is pulled again every pull interval at the latest.
-        pull_ttl=flags.pull_interval + flags.heartbeat_ttl,
-    )
+    # A pulled pod is pulled again every pull interval at the latest.
+    return from_flags(TrackerSettings, flags, pull_ttl=flags.pull_interval + flags.heartbeat_ttl)
 
 
 def core_settings(flags: AggregatorFlags) -> CoreSettings:
@@ -88,70 +100,36 @@ def core_settings(flags: AggregatorFlags) -> CoreSettings:
     )
 
 
-def pull_settings(flags: AggregatorFlags) -> PullSettings:
-    return PullSettings(
-        pull_interval=flags.pull_interval,
-        pull_timeout=flags.pull_timeout,
-        pull_concurrency=flags.pull_concurrency,
-        heartbeat_ttl=flags.heartbeat_ttl,
-    )
-
-
 def report_settings(flags: AggregatorFlags) -> ReportSettings:
-    return ReportSettings(
-        heartbeat_interval=flags.heartbeat_interval,
+    return from_flags(
+        ReportSettings,
+        flags,
         # An agent that reports on change sends enough reports in a row to move a pod.
         reports_per_change=flags.success_threshold,
         reports_per_failure=flags.failure_threshold,
-        ack_every=flags.ack_every,
-        max_reports_per_second=flags.max_reports_per_second,
-        hello_timeout=flags.hello_timeout,
-        admission=AdmissionSettings(
-            max_streams_per_peer=flags.max_streams_per_peer,
-            max_pods_per_stream=flags.max_pods_per_stream,
-        ),
+        admission=from_flags(AdmissionSettings, flags),
         writes=write_settings(flags),
     )
 
 
-def grpc_server_settings(flags: AggregatorFlags) -> GrpcServerSettings:
-    return GrpcServerSettings(
-        max_message_bytes=flags.max_message_bytes,
-        handshake_timeout=flags.handshake_timeout,
-        keepalive_time=flags.keepalive_time,
-        keepalive_timeout=flags.keepalive_timeout,
-        max_connection_idle=flags.max_connection_idle,
-        max_connections=flags.max_connections,
-    )
-
-
 def port_settings(flags: AggregatorFlags) -> PortSettings:
-    return PortSettings(
-        listen=flags.listen,
-        tls_cert=flags.tls_cert,
-        tls_key=flags.tls_key,
-        tls_client_ca=flags.tls_client_ca,
-        shutdown_grace=flags.shutdown_grace,
+    return from_flags(
+        PortSettings,
+        flags,
         startup_grace=flags.effective_startup_grace,
-        label_key=flags.label_key,
-        grpc=grpc_server_settings(flags),
+        grpc=from_flags(GrpcServerSettings, flags),
     )
 
 
 def kube_settings(flags: AggregatorFlags) -> KubeSettings:
-    return KubeSettings(
+    return from_flags(
+        KubeSettings,
+        flags,
         namespaces=flags.namespace,
-        pod_selector=flags.pod_selector,
-        proxy_port=flags.proxy_port,
-        label_key=flags.label_key,
-        mode=flags.mode,
-        condition_type=flags.condition_type,
-        events=flags.events,
         qps=flags.kube_qps,
         burst=flags.kube_burst,
         concurrency=flags.kube_concurrency,
         serve_view=serve_view_settings(flags),
-        dry_run=flags.dry_run,
     )
 
 
@@ -348,7 +326,7 @@ def build_aggregator(
     registry = registry or make_registry(flags, metrics)
     election = make_election(flags, registry, metrics)
     lifecycle = Lifecycle()
-    puller = Puller(pull_settings(flags), metrics, clock)
+    puller = Puller(from_flags(PullSettings, flags), metrics, clock)
     core = Core(
         Tracker(tracker_settings(flags), clock),
         registry,

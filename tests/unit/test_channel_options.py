@@ -11,13 +11,13 @@ import pytest
 
 from aggregator.channel_options import server_options
 from aggregator.flags import AggregatorFlags
-from aggregator.wiring import grpc_server_settings
+from aggregator.wiring import port_settings
 
 
 def test_deadlines_are_passed_in_milliseconds() -> None:
     options = dict(
         server_options(
-            grpc_server_settings(
+            port_settings(
                 AggregatorFlags(
                     handshake_timeout=2.5,
                     keepalive_time=30,
@@ -26,7 +26,7 @@ def test_deadlines_are_passed_in_milliseconds() -> None:
                     max_connections=7,
                     max_message_bytes=4096,
                 )
-            )
+            ).grpc
         )
     )
     assert options["grpc.server_handshake_timeout_ms"] == 2_500
@@ -39,12 +39,12 @@ def test_deadlines_are_passed_in_milliseconds() -> None:
 
 
 def test_no_connection_cap_when_zero() -> None:
-    options = dict(server_options(grpc_server_settings(AggregatorFlags(max_connections=0))))
+    options = dict(server_options(port_settings(AggregatorFlags(max_connections=0)).grpc))
     assert "grpc.max_allowed_incoming_connections" not in options
 
 
 def test_every_option_is_set_once() -> None:
-    names = [name for name, _ in server_options(grpc_server_settings(AggregatorFlags()))]
+    names = [name for name, _ in server_options(port_settings(AggregatorFlags()).grpc)]
     assert len(names) == len(set(names))
 
 
@@ -66,5 +66,5 @@ def test_invalid_connection_settings_are_refused(field: str, value: Any, message
 def test_the_port_is_not_shared_with_another_process() -> None:
     # gRPC sets SO_REUSEPORT by default: a second aggregator on the same port would bind it
     # too and take half the connections (tests/aggregator/test_startup_errors.py).
-    options = dict(server_options(grpc_server_settings(AggregatorFlags())))
+    options = dict(server_options(port_settings(AggregatorFlags()).grpc))
     assert options["grpc.so_reuseport"] == 0
