@@ -317,14 +317,14 @@ class AggregatorFlags:
     panic_min_pods: int = setting(
         3, "PANIC needs at least this many UNHEALTHY or SILENT pods (small fleets)."
     )
-    leader_elect: bool = leader_flags.enabled()
-    leader_elect_lease_duration: float = leader_flags.lease_duration()
-    leader_elect_renew_deadline: float = leader_flags.renew_deadline()
-    leader_elect_retry_period: float = leader_flags.retry_period()
-    leader_elect_lease_name: str = leader_flags.lease_name()
-    leader_elect_namespace: str = leader_flags.namespace()
-    leader_elect_identity: str = leader_flags.identity()
-    leader_label: str = leader_flags.label()
+    leader_elect: bool = leader_flags.ENABLED
+    leader_elect_lease_duration: float = leader_flags.LEASE_DURATION
+    leader_elect_renew_deadline: float = leader_flags.RENEW_DEADLINE
+    leader_elect_retry_period: float = leader_flags.RETRY_PERIOD
+    leader_elect_lease_name: str = leader_flags.LEASE_NAME
+    leader_elect_namespace: str = leader_flags.NAMESPACE
+    leader_elect_identity: str = leader_flags.IDENTITY
+    leader_label: str = leader_flags.LABEL
     log_level: str = shared.log_level_flag()
     log_format: str = shared.log_format_flag()
 
@@ -352,9 +352,9 @@ class AggregatorFlags:
             enabled=self.leader_elect,
             dry_run=self.dry_run,
             memory_backend=self.kube_backend == "memory",
-            lease_duration=self.leader_elect_lease_duration,
-            renew_deadline=self.leader_elect_renew_deadline,
-            retry_period=self.leader_elect_retry_period,
+            duration=self.leader_elect_lease_duration,
+            deadline=self.leader_elect_renew_deadline,
+            retry=self.leader_elect_retry_period,
             lease_name=self.leader_elect_lease_name,
             label=self.leader_label,
         )
