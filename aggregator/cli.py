@@ -77,9 +77,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     logs.setup(settings.log_level, settings.log_format)
     try:
         return runtime.run(run(settings))
-    except (NoKubeConfig, LeaderElectionConfigError) as error:
-        logging.getLogger("aggregator").error("cannot start: %s", error)
-        return 1
-    except OSError as error:
+    except (NoKubeConfig, LeaderElectionConfigError, OSError) as error:
         logging.getLogger("aggregator").error("cannot start: %s", error)
         return 1

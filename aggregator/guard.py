@@ -39,9 +39,6 @@ from servehealth.v1 import servehealth_pb2 as pb
 log = logging.getLogger(__name__)
 
 AUTHORIZATION = "authorization"
-#: Threads (and connections) for TokenReview calls: a pool of their own, so that a reconnect
-#: storm of agents waits neither for nor in front of label writes.
-REVIEW_THREADS = 8
 #: Client addresses whose refusals were logged (least recently refused first out).
 LOGGED_PEERS = 1024
 
