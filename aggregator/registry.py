@@ -66,8 +66,9 @@ class PodViewFacts:
     condition: str | None
     #: Whether the pod's spec.readinessGates declares that condition.
     gated: bool
-    #: Whether the pod is under an override the aggregator honours.
+    #: Whether the pod is under an override the aggregator honours, and which ("" none).
     overridden: bool
+    override: str = ""
     #: Whether the kubelet's readiness probe checks the Serve proxy too, and the pod's Ready
     #: condition ("True", "False"; "" unknown): GetPod, ListPods (issue 27).
     kubelet_checks_serve: bool = False

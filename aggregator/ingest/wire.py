@@ -146,6 +146,7 @@ def pod_view_message(view: PodViewFacts) -> pb.PodView:
         node_name=view.node_name,
         gated=view.gated,
         overridden=view.overridden,
+        override=view.override,
     )
     if view.label is not None:
         message.label = view.label

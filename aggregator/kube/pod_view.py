@@ -22,6 +22,7 @@ def pod_view(pod: KubePod, label_key: str, condition_type: str) -> PodViewFacts:
         condition=seen.carried(WriteKind.CONDITION, condition_type),
         gated=condition_type in seen.readiness_gates,
         overridden=seen.overridden,
+        override=seen.override.value or "",
         kubelet_checks_serve=pod.kubelet_checks_serve,
         kubelet_ready=pod.kubelet_ready,
     )

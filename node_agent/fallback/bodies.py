@@ -29,7 +29,7 @@ def write_body(write: Write, who: str, when: datetime.datetime) -> dict[str, Any
         return bodies.label_patch(
             write.name, write.value, annotations=annotations, version=write.version
         )
-    message = f"{marks.WHY}: written by the agent {who} ({write.state.name}: {write.reason})"
+    message = f"{marks.WHY}: written by the agent {who} ({write.cause})"
     return bodies.condition_patch(
         write.name, write.value, marks.CONDITION_REASON, message, when, version=write.version
     )
@@ -38,7 +38,7 @@ def write_body(write: Write, who: str, when: datetime.datetime) -> dict[str, Any
 def event_body(write: Write, who: str, when: datetime.datetime) -> dict[str, Any]:
     message = (
         f"{marks.WHY}: the agent {who} wrote {write.kind.value} {write.name}={write.value} "
-        f"({write.state.name}: {write.reason})"
+        f"({write.cause})"
     )
     return bodies.event_body(
         write.key,

@@ -18,11 +18,13 @@ unexpected answer), or fewer in a row     (fail static; a pod that carries nothi
 
 Like the aggregator's write rule, a pod without the label counts as carrying ``"false"`` and
 one without the condition carries nothing; the condition is written only to pods that declare
-its type in ``spec.readinessGates``. Two more cases are left alone: a pod under a manual
-override (``in-service`` or ``out-of-service``: the operator decides, and the aggregator would
-write the override; another value is ignored, as the aggregator ignores it), and a
-pod whose condition says it has no proxy by design (reason ``NoProxyByDesign``) while it still
-has none (only the aggregator knows where Serve runs no proxy).
+its type in ``spec.readinessGates``. A manual override (``in-service`` or ``out-of-service``)
+decides instead of the probes, as it does for the aggregator: its label is written, whatever
+the probes say (another value is ignored, as the aggregator ignores it). Two cases are left
+alone: a pod an aggregator of an earlier release told of as overridden without saying which
+override, and a pod whose condition says it has no proxy by design (reason
+``NoProxyByDesign``) while it still has none (only the aggregator knows where Serve runs no
+proxy).
 
 What to write (:class:`WriteRules`) comes from the last aggregator's ``AgentSettings.writes``
 (if it allowed fallback), else from the agent's own flags (``--fallback-write``); rules with a
@@ -47,7 +49,7 @@ from node_agent.fallback.rules import (
     refusal,
 )
 from servehealth_common.pod_identity import PodKey
-from servehealth_common.pod_writes.desired import Known, desired
+from servehealth_common.pod_writes.desired import Desired, Known, desired, override_message
 from servehealth_common.pod_writes.rule import NO_PROXY_BY_DESIGN, WriteKind
 from servehealth_common.pod_writes.streak import accepted, advance, side
 from servehealth_common.states import ServeState
@@ -163,7 +165,10 @@ class Fallback:
         rules = self.rules
         if rules is None:
             return False
-        return any(self.needs_facts(key) or any(self._wanted(key, rules)) for key in self._streaks)
+        return any(
+            self.needs_facts(key) or any(self._wanted(key, rules))
+            for key in self._streaks.keys() | self._pods.keys()
+        )
 
     def tick(self) -> FallbackChange | None:
         """Begin fallback if it is due; end it at once if the Lease is renewed again (an
@@ -266,16 +271,10 @@ class Fallback:
         return key not in self._pods or key in self._stale
 
     def held(self, key: PodKey) -> bool:
-        """Whether a manual override holds back what the probes of ``key`` call for (a
+        """Whether a manual override, not the probes, decides for ``key`` in this fallback (a
         sidecar then follows its pod, to see the override go)."""
-        facts, streak = self._pods.get(key), self._streaks.get(key)
-        return (
-            facts is not None
-            and facts.overridden
-            and streak is not None
-            and streak.run.serving is not None
-            and self.phase is FallbackPhase.FALLBACK
-        )
+        facts = self._pods.get(key)
+        return facts is not None and facts.overridden and self.phase is FallbackPhase.FALLBACK
 
     def own_pods(self) -> int:
         return len(self._pods)
@@ -310,27 +309,12 @@ class Fallback:
 
     def _wanted(self, key: PodKey, rules: WriteRules) -> Iterable[Write]:
         """What ``key`` should be written now, not yet handed out (pure: marks nothing)."""
-        facts, streak = self._pods.get(key), self._streaks.get(key)
-        if facts is None or streak is None or facts.overridden:
+        facts = self._pods.get(key)
+        wanted = self._desired(key, rules)
+        if facts is None or wanted is None:
             return
-        serving = streak.run.serving
-        if serving is None or not accepted(streak.run, rules.thresholds) or key in self._stale:
-            return
+        streak = self._streaks.get(key) or Streak()
         names = dict(rules.targets())
-        condition = facts.carried(WriteKind.CONDITION, rules.condition_type)
-        wanted = desired(
-            Known(
-                LABELS[serving],
-                writes_label=bool(rules.label_key),
-                writes_condition=bool(rules.condition_type),
-                gated=rules.condition_type in facts.readiness_gates,
-                # (No override: an agent writes none.) The aggregator judged that no proxy is
-                # meant here, and only it has the serve view: the pod keeps that condition.
-                by_design=condition == NO_PROXY_BY_DESIGN and streak.state is ServeState.NO_PROXY,
-                label=facts.carried(WriteKind.LABEL, rules.label_key),
-                condition=condition,
-            )
-        )
         for kind, value in wanted.targets():
             target = (key, kind)
             if kind not in wanted.writes or value in (
@@ -338,10 +322,50 @@ class Fallback:
                 self._given_up.get(target),
             ):
                 continue
-            state, reason, version = streak.state, streak.reason, facts.resource_version
             yield Write(
-                key, facts.uid, kind, names[kind], value, state, reason, self._epoch, version
+                key,
+                facts.uid,
+                kind,
+                names[kind],
+                value,
+                streak.state,
+                streak.reason,
+                self._epoch,
+                facts.resource_version,
+                override_message(facts.override) or "",
             )
+
+    def _desired(self, key: PodKey, rules: WriteRules) -> Desired | None:
+        """What ``key`` should carry, as the aggregator would have it
+        (:func:`~servehealth_common.pod_writes.desired.desired`): the override's label if one
+        is honoured, else what its probes decided; None while that is unknown (the pod not
+        seen, or changed since a conditional write; an override an aggregator of an earlier
+        release told of without saying which: the pod is left alone)."""
+        facts, streak = self._pods.get(key), self._streaks.get(key)
+        if facts is None or key in self._stale:
+            return None
+        if facts.overridden and facts.override.value is None:
+            return None
+        serving = streak.run.serving if streak is not None else None
+        decided = streak is not None and accepted(streak.run, rules.thresholds)
+        health = LABELS[serving] if serving is not None and decided else None
+        condition = facts.carried(WriteKind.CONDITION, rules.condition_type)
+        return desired(
+            Known(
+                health,
+                writes_label=bool(rules.label_key),
+                writes_condition=bool(rules.condition_type),
+                gated=rules.condition_type in facts.readiness_gates,
+                override=facts.override,
+                # The aggregator judged that no proxy is meant here, and only it has the serve
+                # view: the pod keeps that condition.
+                by_design=condition == NO_PROXY_BY_DESIGN
+                and streak is not None
+                and streak.state is ServeState.NO_PROXY,
+                label=facts.carried(WriteKind.LABEL, rules.label_key),
+                condition=condition,
+            )
+        )
 
     def _lease_judged(self) -> bool:
         """Whether the Lease (if any) is observed now, or was never readable (no gate)."""
@@ -354,17 +378,21 @@ class Fallback:
 
     def still_wanted(self, write: Write) -> bool:
         """Whether ``write`` may still be sent (asked before each attempt): still in
-        fallback, still the value decided, and the pod still the same, under no override."""
-        facts = self._pods.get(write.key)
-        return (
-            self.phase is FallbackPhase.FALLBACK
-            and self._lease_judged()
-            and write.epoch == self._epoch
-            and self._in_flight.get((write.key, write.kind)) == write.value
-            and facts is not None
-            and facts.uid == write.uid
-            and not facts.overridden
-        )
+        fallback, still the value decided, the pod still the same, and still what it should
+        carry (an override may have come or gone)."""
+        facts, rules = self._pods.get(write.key), self.rules
+        if (
+            self.phase is not FallbackPhase.FALLBACK
+            or rules is None
+            or not self._lease_judged()
+            or write.epoch != self._epoch
+            or self._in_flight.get((write.key, write.kind)) != write.value
+            or facts is None
+            or facts.uid != write.uid
+        ):
+            return False
+        wanted = self._desired(write.key, rules)
+        return wanted is not None and (write.kind, write.value) in wanted.targets()
 
     def finished(
         self,

@@ -184,6 +184,13 @@ class Write:
     epoch: int = 0  # which fallback decided it (a write of an earlier one is never sent)
     #: The pod's resourceVersion the write was decided on: sent as a precondition ("": none).
     version: str = ""
+    #: Why the value, where a manual override decides it rather than the probes ("": they do).
+    override: str = ""
+
+    @property
+    def cause(self) -> str:
+        """What decided the value, for the condition's message, the Event and the logs."""
+        return self.override or f"{self.state.name}: {self.reason}"
 
     def __str__(self) -> str:
         return f"{self.kind.value} {self.name}={self.value} on pod {self.key}"

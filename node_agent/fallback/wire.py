@@ -10,6 +10,7 @@ from node_agent.fallback.rules import (
     WriteRules,
 )
 from servehealth.v1 import servehealth_pb2 as pb
+from servehealth_common.override import NONE, Override
 from servehealth_common.pod_identity import PodKey
 
 
@@ -21,6 +22,10 @@ def facts_from_view(view: pb.PodView, writes: pb.WriteSettings) -> PodFacts | No
     if not ref.namespace or not ref.name:
         return None
     label_key, condition_type = writes.label_key, writes.condition_type
+    # The override honoured (an aggregator of an earlier release says only that one is).
+    override = Override.parse(view.override) if view.override else NONE
+    if override.ignored is not None:
+        override = NONE
     return PodFacts(
         key=PodKey(ref.namespace, ref.name),
         uid=ref.uid,
@@ -32,8 +37,9 @@ def facts_from_view(view: pb.PodView, writes: pb.WriteSettings) -> PodFacts | No
             else {}
         ),
         readiness_gates=frozenset({condition_type} if view.gated and condition_type else ()),
-        overridden=view.overridden,
+        overridden=view.overridden or override.value is not None,
         resource_version=view.resource_version,
+        override=override,
     )
 
 

@@ -311,11 +311,10 @@ class FallbackWriter:
         self._metrics.fallback_write(write.kind.value, "success")
         after = f" after {attempts} failed attempts" if attempts else ""
         log.info(
-            "%s: wrote %s (%s: %s) as the agent %s%s",
+            "%s: wrote %s (%s) as the agent %s%s",
             marks.WHY,
             write,
-            write.state.name,
-            write.reason,
+            write.cause,
             self._who,
             after,
         )

@@ -40,11 +40,10 @@ class WritablePod:
     readiness_gates: frozenset[str] = frozenset()
     #: Whether the pod is under a manual override that is honoured (``in-service``,
     #: ``out-of-service``; another value is ignored by both programs). Read from
-    #: :attr:`override`; a pod told through a view (:meth:`through`) knows only this.
+    #: :attr:`override`; a pod told by an aggregator of an earlier release knows only this.
     overridden: bool = False
     resource_version: str = ""
-    #: Its ``ray-serve-health/override`` annotation, as read (NONE where only a view was
-    #: seen: it says whether an override is honoured, not which).
+    #: Its ``ray-serve-health/override`` annotation, as read (a view keeps the honoured one).
     override: Override = NONE
     #: When an agent in fallback last wrote it (:func:`fallback_mark`), or None.
     fallback_mark: datetime.datetime | None = None
@@ -102,7 +101,7 @@ class WritablePod:
     def through(self, label_key: str, condition_type: str) -> WritablePod:
         """This pod as a view through one label key and one condition type shows it (what the
         aggregator tells a sidecar of its pod, ``PodView``): that label, that condition and
-        that readiness gate only, whether an override is honoured (not which), no marks."""
+        that readiness gate only, the override if one is honoured, no marks."""
         return WritablePod(
             key=self.key,
             uid=self.uid,
@@ -112,6 +111,7 @@ class WritablePod:
             readiness_gates=self.readiness_gates & {condition_type} - {""},
             overridden=self.overridden,
             resource_version=self.resource_version,
+            override=self.override if self.override.value is not None else NONE,
         )
 
 

@@ -1,9 +1,10 @@
 """The fallback decider during an outage (issue 26), pure, on a fake clock:
 
 - bug 2: the agent reads a manual override as the aggregator does (one parser, in
-  servehealth_common.override): ``in-service`` and ``out-of-service`` leave the pod alone, any
-  other value is ignored; an override that arrives while a write is on its way stops it; a
-  sidecar that stopped watching its pod writes nothing until it has seen the pod afresh.
+  servehealth_common.override): ``in-service`` and ``out-of-service`` decide instead of the
+  probes, as they do for the aggregator (issue 25: the two programs write the same), any other
+  value is ignored; an override that arrives while a write is on its way stops it; a sidecar
+  that stopped watching its pod writes nothing until it has seen the pod afresh.
 """
 
 from __future__ import annotations
@@ -85,21 +86,32 @@ def test_the_agent_honours_exactly_the_overrides_the_aggregator_honours(value: s
 
 
 @pytest.mark.parametrize(
-    ("value", "writes"),
+    ("value", "written"),
     [
-        (None, 1),
-        ("in-service", 0),
-        ("out-of-service", 0),
-        ("maintenance", 1),  # ignored, as by the aggregator: the failing pod leaves service
-        ("", 1),
+        (None, ["False"]),
+        ("in-service", []),  # the override wants what the pod carries: nothing to write
+        ("out-of-service", ["False"]),
+        ("maintenance", ["False"]),  # ignored, as by the aggregator: the pod leaves service
+        ("", ["False"]),
     ],
 )
 def test_a_failing_pod_leaves_service_unless_an_honoured_override_says(
-    value: str | None, writes: int
+    value: str | None, written: list[str]
 ) -> None:
     core = fallen_back(pod(value))
     core.observe(KEY, ServeState.NOT_READY)
-    assert len(core.decide()) == writes
+    assert [write.value for write in core.decide()] == written
+
+
+def test_an_override_decides_before_any_probe_result_and_against_them() -> None:
+    """As for the aggregator, the override's label is written whatever the probes say: with
+    none yet, and against a SERVING run; its message says the override decided."""
+    core = fallen_back(pod("out-of-service"))
+    [write] = core.decide()
+    assert write.value == "False"
+    assert "override out-of-service" in write.cause
+    core.observe(KEY, ServeState.SERVING)
+    assert core.still_wanted(write)
 
 
 def test_an_override_that_arrives_while_a_write_is_on_its_way_stops_it() -> None:

@@ -11,7 +11,11 @@ The differences that remain are deliberate, and asserted as such:
 - an agent's write is conditional on the pod's resourceVersion it was decided on (many writers
   who cannot see each other); the aggregator's is not (one writer, which re-reads on a 409);
 - a condition ``NoProxyByDesign`` is left alone by an agent whose probe sees NO_PROXY: only the
-  aggregator has the Serve controller's view that says a proxy is meant there or not.
+  aggregator has the Serve controller's view that says a proxy is meant there or not (unless a
+  manual override decides, for both).
+
+A manual override is written the same by both: its label, whatever the health, for a pod read
+from the API and for a sidecar's pod as the aggregator tells it (``PodView``).
 """
 
 from __future__ import annotations
@@ -23,14 +27,18 @@ from typing import Any
 
 import pytest
 
+from aggregator.ingest.wire import pod_view_message
+from aggregator.kube.pod_view import pod_view
 from aggregator.kube.pods import KubePod, parse_pod
 from aggregator.kube.writer import Writer, WriterSettings
 from aggregator.metrics import Metrics
 from node_agent.fallback.bodies import write_body
 from node_agent.fallback.decider import Fallback
 from node_agent.fallback.rules import PodFacts, WhosePods, WriteRules
+from node_agent.fallback.wire import facts_from_view
+from servehealth.v1 import servehealth_pb2 as pb
 from servehealth_common import fallback_marks
-from servehealth_common.override import NONE, Override
+from servehealth_common.override import ANNOTATION, NONE, Override
 from servehealth_common.pod_identity import PodKey
 from servehealth_common.pod_writes.desired import Desired, Known, desired
 from servehealth_common.pod_writes.rule import NO_PROXY_BY_DESIGN, WriteKind
@@ -54,9 +62,13 @@ CONDITIONS = (
     ("False", fallback_marks.CONDITION_REASON),
 )
 STATES = (ServeState.SERVING, ServeState.NOT_READY, ServeState.DRAINING, ServeState.NO_PROXY)
+#: The override annotation (None: none; "maintenance" is ignored by both).
+OVERRIDES = (None, "in-service", "out-of-service", "maintenance")
 
 
-def raw_pod(label: str | None, condition: tuple[str, str] | None) -> dict[str, Any]:
+def raw_pod(
+    label: str | None, condition: tuple[str, str] | None, override: str | None = None
+) -> dict[str, Any]:
     conditions = [] if condition is None else [{"status": condition[0], "reason": condition[1]}]
     return {
         "metadata": {
@@ -65,6 +77,7 @@ def raw_pod(label: str | None, condition: tuple[str, str] | None) -> dict[str, A
             "uid": UID,
             "resourceVersion": "42",
             "labels": {"ray.io/node-type": "worker"} | ({LABEL: label} if label else {}),
+            "annotations": {} if override is None else {ANNOTATION: override},
         },
         "spec": {"nodeName": "node-1", "readinessGates": [{"conditionType": GATE}]},
         "status": {"conditions": [{"type": GATE, **c} for c in conditions]},
@@ -78,16 +91,28 @@ class Clock:
         return self.now
 
 
-def agent_patches(raw: dict[str, Any], state: ServeState) -> dict[WriteKind, dict[str, Any]]:
-    """What an agent in fallback sends for ``raw`` in ``state`` (thresholds of 1)."""
+def agent_patches(
+    raw: dict[str, Any], state: ServeState, *, told: bool = False
+) -> dict[WriteKind, dict[str, Any]]:
+    """What an agent in fallback sends for ``raw`` in ``state`` (thresholds of 1), having read
+    the pod, or been ``told`` it by the aggregator (a sidecar's ``PodView``)."""
     clock = Clock()
     rules = WriteRules(LABEL, GATE, failure_threshold=1, success_threshold=1)
     core = Fallback(after=AFTER, own=WhosePods(pod=KEY, uid=UID), flag_rules=rules, clock=clock)
-    core.pod_seen(PodFacts.from_pod(raw))
+    facts = told_pod(raw) if told else PodFacts.from_pod(raw)
+    assert facts is not None
+    core.pod_seen(facts)
     core.observe(KEY, state, "reason")
     clock.now += AFTER
     core.tick()
     return {write.kind: write_body(write, WHO, WHEN) for write in core.decide()}
+
+
+def told_pod(raw: dict[str, Any]) -> PodFacts | None:
+    """The pod as the aggregator tells it to its sidecar, over the wire, read back."""
+    message = pod_view_message(pod_view(parse_pod(raw, 8000), LABEL, GATE))
+    writes = pb.WriteSettings(label_key=LABEL, condition_type=GATE)
+    return facts_from_view(pb.PodView.FromString(message.SerializeToString()), writes)
 
 
 class RecordingApi:
@@ -156,6 +181,7 @@ async def aggregator_patches(
     api = RecordingApi()
     settings = WriterSettings(LABEL, GATE, qps=1000, burst=1000, concurrency=1)
     copies = Copies(parse_pod(raw, 8000), label_value(state))
+    copies.override = copies.pod.writable.override
     writer = Writer(api, settings, Metrics("test"), copies)
     writer.enqueue(KEY, copies.desired(KEY))
     await work_once(writer)
@@ -179,19 +205,33 @@ def without_the_writers_marks(body: dict[str, Any]) -> dict[str, Any]:
 
 
 CASES = [
-    pytest.param(label, condition, state, id=f"label={label}-condition={condition}-{state.name}")
-    for label, condition, state in itertools.product(LABELS, CONDITIONS, STATES)
+    pytest.param(
+        label,
+        condition,
+        state,
+        override,
+        told,
+        id=f"label={label}-condition={condition}-{state.name}-{override}-{told=}",
+    )
+    for label, condition, state, override, told in itertools.product(
+        LABELS, CONDITIONS, STATES, OVERRIDES, (False, True)
+    )
 ]
 
 
-@pytest.mark.parametrize(("label", "condition", "state"), CASES)
+@pytest.mark.parametrize(("label", "condition", "state", "override", "told"), CASES)
 async def test_both_programs_write_the_same(
-    label: str | None, condition: tuple[str, str] | None, state: ServeState
+    label: str | None,
+    condition: tuple[str, str] | None,
+    state: ServeState,
+    override: str | None,
+    told: bool,
 ) -> None:
-    raw = raw_pod(label, condition)
-    agent = agent_patches(raw, state)
+    raw = raw_pod(label, condition, override)
+    agent = agent_patches(raw, state, told=told)
     aggregator = await aggregator_patches(raw, state)
-    if state is ServeState.NO_PROXY and condition == ("True", NO_PROXY_BY_DESIGN):
+    honoured = Override.parse(override).value is not None
+    if state is ServeState.NO_PROXY and condition == ("True", NO_PROXY_BY_DESIGN) and not honoured:
         # Only the aggregator knows whether no proxy is meant there: an agent leaves it.
         assert WriteKind.CONDITION in aggregator
         assert WriteKind.CONDITION not in agent

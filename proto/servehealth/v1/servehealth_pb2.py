@@ -26,7 +26,7 @@ from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n servehealth/v1/servehealth.proto\x12\x0eservehealth.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"6\n\x06PodRef\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0b\n\x03uid\x18\x03 \x01(\t\"n\n\x0c\x41gentMessage\x12&\n\x05hello\x18\x01 \x01(\x0b\x32\x15.servehealth.v1.HelloH\x00\x12.\n\x07reports\x18\x02 \x01(\x0b\x32\x1b.servehealth.v1.ReportBatchH\x00\x42\x06\n\x04kind\"\x9a\x01\n\x05Hello\x12\'\n\x04mode\x18\x01 \x01(\x0e\x32\x19.servehealth.v1.AgentMode\x12#\n\x03pod\x18\x02 \x01(\x0b\x32\x16.servehealth.v1.PodRef\x12\x11\n\tnode_name\x18\x03 \x01(\t\x12\x15\n\ragent_version\x18\x04 \x01(\t\x12\x19\n\x11reports_on_change\x18\x05 \x01(\x08\"9\n\x0bReportBatch\x12*\n\x07reports\x18\x01 \x03(\x0b\x32\x19.servehealth.v1.PodReport\"\xc4\x01\n\tPodReport\x12#\n\x03pod\x18\x01 \x01(\x0b\x32\x16.servehealth.v1.PodRef\x12)\n\x05state\x18\x02 \x01(\x0e\x32\x1a.servehealth.v1.ServeState\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x13\n\x0bhttp_status\x18\x04 \x01(\r\x12\x30\n\rprobe_latency\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x10\n\x08sequence\x18\x06 \x01(\x04\"\x9a\x01\n\x11\x41ggregatorMessage\x12\x31\n\x08settings\x18\x01 \x01(\x0b\x32\x1d.servehealth.v1.AgentSettingsH\x00\x12\"\n\x03\x61\x63k\x18\x02 \x01(\x0b\x32\x13.servehealth.v1.AckH\x00\x12&\n\x03pod\x18\x03 \x01(\x0b\x32\x17.servehealth.v1.PodViewH\x00\x42\x06\n\x04kind\"\xf6\x01\n\rAgentSettings\x12\x35\n\x12heartbeat_interval\x18\x01 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x32\n\x0fresync_interval\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x1a\n\x12reports_per_change\x18\x03 \x01(\r\x12\x1b\n\x13reports_per_failure\x18\x04 \x01(\r\x12-\n\x06writes\x18\x05 \x01(\x0b\x32\x1d.servehealth.v1.WriteSettings\x12\x12\n\nfleet_size\x18\x06 \x01(\r\"\xc2\x01\n\x07PodView\x12#\n\x03pod\x18\x01 \x01(\x0b\x32\x16.servehealth.v1.PodRef\x12\x18\n\x10resource_version\x18\x02 \x01(\t\x12\x11\n\tnode_name\x18\x03 \x01(\t\x12\x12\n\x05label\x18\x04 \x01(\tH\x00\x88\x01\x01\x12\x16\n\tcondition\x18\x05 \x01(\tH\x01\x88\x01\x01\x12\r\n\x05gated\x18\x06 \x01(\x08\x12\x12\n\noverridden\x18\x07 \x01(\x08\x42\x08\n\x06_labelB\x0c\n\n_condition\"\xb3\x01\n\rWriteSettings\x12\r\n\x05label\x18\x01 \x01(\x08\x12\x11\n\tlabel_key\x18\x02 \x01(\t\x12\x11\n\tcondition\x18\x03 \x01(\x08\x12\x16\n\x0e\x63ondition_type\x18\x04 \x01(\t\x12\x19\n\x11\x66\x61ilure_threshold\x18\x05 \x01(\r\x12\x19\n\x11success_threshold\x18\x06 \x01(\r\x12\x10\n\x08\x66\x61llback\x18\x07 \x01(\x08\x12\r\n\x05lease\x18\x08 \x01(\t\"\x17\n\x03\x41\x63k\x12\x10\n\x08sequence\x18\x01 \x01(\x04\"P\n\x0fListPodsRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12*\n\x06states\x18\x02 \x03(\x0e\x32\x1a.servehealth.v1.ServeState\"5\n\x10ListPodsResponse\x12!\n\x04pods\x18\x01 \x03(\x0b\x32\x13.servehealth.v1.Pod\"0\n\rGetPodRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\"\x13\n\x11GetSummaryRequest\",\n\x17WatchTransitionsRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\"\xdd\x03\n\x03Pod\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0b\n\x03uid\x18\x03 \x01(\t\x12\x11\n\tnode_name\x18\x04 \x01(\t\x12)\n\x05state\x18\x05 \x01(\x0e\x32\x1a.servehealth.v1.ServeState\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x13\n\x0bhttp_status\x18\x07 \x01(\r\x12&\n\x06source\x18\x08 \x01(\x0e\x32\x16.servehealth.v1.Source\x12\x32\n\x0flast_report_age\x18\t \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x15\n\rdesired_label\x18\n \x01(\t\x12\x17\n\x0f\x61gent_connected\x18\x0b \x01(\x08\x12\x30\n\rprobe_latency\x18\x0c \x01(\x0b\x32\x19.google.protobuf.Duration\x12/\n\x0bstate_since\x18\r \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07\x63\x61rried\x18\x0e \x01(\t\x12\x10\n\x08override\x18\x0f \x01(\t\x12\x1c\n\x14kubelet_checks_serve\x18\x10 \x01(\x08\x12\x15\n\rkubelet_ready\x18\x11 \x01(\t\"\x9e\x03\n\x07Summary\x12\x0c\n\x04pods\x18\x01 \x01(\r\x12?\n\rpods_by_state\x18\x02 \x03(\x0b\x32(.servehealth.v1.Summary.PodsByStateEntry\x12\x18\n\x10\x61gents_connected\x18\x03 \x01(\r\x12\x11\n\tlabel_key\x18\x04 \x01(\t\x12\r\n\x05panic\x18\x05 \x01(\x08\x12\x19\n\x11pods_in_pull_mode\x18\x06 \x01(\r\x12\x19\n\x11panic_held_writes\x18\x07 \x01(\r\x12\x0f\n\x07\x64ry_run\x18\x08 \x01(\x08\x12\x13\n\x0bwould_enter\x18\t \x01(\r\x12\x13\n\x0bwould_leave\x18\n \x01(\r\x12!\n\x19overridden_out_of_service\x18\x0b \x01(\r\x12\x1d\n\x15overridden_in_service\x18\x0c \x01(\r\x12!\n\x19pods_kubelet_checks_serve\x18\r \x01(\r\x1a\x32\n\x10PodsByStateEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\"\x84\x02\n\nTransition\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12.\n\nfrom_state\x18\x03 \x01(\x0e\x32\x1a.servehealth.v1.ServeState\x12,\n\x08to_state\x18\x04 \x01(\x0e\x32\x1a.servehealth.v1.ServeState\x12&\n\x06source\x18\x05 \x01(\x0e\x32\x16.servehealth.v1.Source\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x15\n\rdesired_label\x18\x07 \x01(\t\x12(\n\x04time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp*\x81\x02\n\nServeState\x12\x1b\n\x17SERVE_STATE_UNSPECIFIED\x10\x00\x12\x17\n\x13SERVE_STATE_SERVING\x10\x01\x12\x19\n\x15SERVE_STATE_NOT_READY\x10\x02\x12\x18\n\x14SERVE_STATE_DRAINING\x10\x03\x12\x18\n\x14SERVE_STATE_NO_PROXY\x10\x04\x12\x19\n\x15SERVE_STATE_UNHEALTHY\x10\x05\x12\x16\n\x12SERVE_STATE_SILENT\x10\x06\x12\x17\n\x13SERVE_STATE_UNKNOWN\x10\x07\x12\"\n\x1eSERVE_STATE_NO_PROXY_BY_DESIGN\x10\x08*Y\n\tAgentMode\x12\x1a\n\x16\x41GENT_MODE_UNSPECIFIED\x10\x00\x12\x16\n\x12\x41GENT_MODE_SIDECAR\x10\x01\x12\x18\n\x14\x41GENT_MODE_DAEMONSET\x10\x02*S\n\x06Source\x12\x16\n\x12SOURCE_UNSPECIFIED\x10\x00\x12\x0f\n\x0bSOURCE_PUSH\x10\x01\x12\x0f\n\x0bSOURCE_PULL\x10\x02\x12\x0f\n\x0bSOURCE_SEED\x10\x03\x32^\n\rReportService\x12M\n\x06Report\x12\x1c.servehealth.v1.AgentMessage\x1a!.servehealth.v1.AggregatorMessage(\x01\x30\x01\x32\xc5\x02\n\x11InspectionService\x12M\n\x08ListPods\x12\x1f.servehealth.v1.ListPodsRequest\x1a .servehealth.v1.ListPodsResponse\x12<\n\x06GetPod\x12\x1d.servehealth.v1.GetPodRequest\x1a\x13.servehealth.v1.Pod\x12H\n\nGetSummary\x12!.servehealth.v1.GetSummaryRequest\x1a\x17.servehealth.v1.Summary\x12Y\n\x10WatchTransitions\x12\'.servehealth.v1.WatchTransitionsRequest\x1a\x1a.servehealth.v1.Transition0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n servehealth/v1/servehealth.proto\x12\x0eservehealth.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"6\n\x06PodRef\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0b\n\x03uid\x18\x03 \x01(\t\"n\n\x0c\x41gentMessage\x12&\n\x05hello\x18\x01 \x01(\x0b\x32\x15.servehealth.v1.HelloH\x00\x12.\n\x07reports\x18\x02 \x01(\x0b\x32\x1b.servehealth.v1.ReportBatchH\x00\x42\x06\n\x04kind\"\x9a\x01\n\x05Hello\x12\'\n\x04mode\x18\x01 \x01(\x0e\x32\x19.servehealth.v1.AgentMode\x12#\n\x03pod\x18\x02 \x01(\x0b\x32\x16.servehealth.v1.PodRef\x12\x11\n\tnode_name\x18\x03 \x01(\t\x12\x15\n\ragent_version\x18\x04 \x01(\t\x12\x19\n\x11reports_on_change\x18\x05 \x01(\x08\"9\n\x0bReportBatch\x12*\n\x07reports\x18\x01 \x03(\x0b\x32\x19.servehealth.v1.PodReport\"\xc4\x01\n\tPodReport\x12#\n\x03pod\x18\x01 \x01(\x0b\x32\x16.servehealth.v1.PodRef\x12)\n\x05state\x18\x02 \x01(\x0e\x32\x1a.servehealth.v1.ServeState\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x13\n\x0bhttp_status\x18\x04 \x01(\r\x12\x30\n\rprobe_latency\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x10\n\x08sequence\x18\x06 \x01(\x04\"\x9a\x01\n\x11\x41ggregatorMessage\x12\x31\n\x08settings\x18\x01 \x01(\x0b\x32\x1d.servehealth.v1.AgentSettingsH\x00\x12\"\n\x03\x61\x63k\x18\x02 \x01(\x0b\x32\x13.servehealth.v1.AckH\x00\x12&\n\x03pod\x18\x03 \x01(\x0b\x32\x17.servehealth.v1.PodViewH\x00\x42\x06\n\x04kind\"\xf6\x01\n\rAgentSettings\x12\x35\n\x12heartbeat_interval\x18\x01 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x32\n\x0fresync_interval\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x1a\n\x12reports_per_change\x18\x03 \x01(\r\x12\x1b\n\x13reports_per_failure\x18\x04 \x01(\r\x12-\n\x06writes\x18\x05 \x01(\x0b\x32\x1d.servehealth.v1.WriteSettings\x12\x12\n\nfleet_size\x18\x06 \x01(\r\"\xd4\x01\n\x07PodView\x12#\n\x03pod\x18\x01 \x01(\x0b\x32\x16.servehealth.v1.PodRef\x12\x18\n\x10resource_version\x18\x02 \x01(\t\x12\x11\n\tnode_name\x18\x03 \x01(\t\x12\x12\n\x05label\x18\x04 \x01(\tH\x00\x88\x01\x01\x12\x16\n\tcondition\x18\x05 \x01(\tH\x01\x88\x01\x01\x12\r\n\x05gated\x18\x06 \x01(\x08\x12\x12\n\noverridden\x18\x07 \x01(\x08\x12\x10\n\x08override\x18\x08 \x01(\tB\x08\n\x06_labelB\x0c\n\n_condition\"\xb3\x01\n\rWriteSettings\x12\r\n\x05label\x18\x01 \x01(\x08\x12\x11\n\tlabel_key\x18\x02 \x01(\t\x12\x11\n\tcondition\x18\x03 \x01(\x08\x12\x16\n\x0e\x63ondition_type\x18\x04 \x01(\t\x12\x19\n\x11\x66\x61ilure_threshold\x18\x05 \x01(\r\x12\x19\n\x11success_threshold\x18\x06 \x01(\r\x12\x10\n\x08\x66\x61llback\x18\x07 \x01(\x08\x12\r\n\x05lease\x18\x08 \x01(\t\"\x17\n\x03\x41\x63k\x12\x10\n\x08sequence\x18\x01 \x01(\x04\"P\n\x0fListPodsRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12*\n\x06states\x18\x02 \x03(\x0e\x32\x1a.servehealth.v1.ServeState\"5\n\x10ListPodsResponse\x12!\n\x04pods\x18\x01 \x03(\x0b\x32\x13.servehealth.v1.Pod\"0\n\rGetPodRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\"\x13\n\x11GetSummaryRequest\",\n\x17WatchTransitionsRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\"\xdd\x03\n\x03Pod\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0b\n\x03uid\x18\x03 \x01(\t\x12\x11\n\tnode_name\x18\x04 \x01(\t\x12)\n\x05state\x18\x05 \x01(\x0e\x32\x1a.servehealth.v1.ServeState\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x13\n\x0bhttp_status\x18\x07 \x01(\r\x12&\n\x06source\x18\x08 \x01(\x0e\x32\x16.servehealth.v1.Source\x12\x32\n\x0flast_report_age\x18\t \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x15\n\rdesired_label\x18\n \x01(\t\x12\x17\n\x0f\x61gent_connected\x18\x0b \x01(\x08\x12\x30\n\rprobe_latency\x18\x0c \x01(\x0b\x32\x19.google.protobuf.Duration\x12/\n\x0bstate_since\x18\r \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07\x63\x61rried\x18\x0e \x01(\t\x12\x10\n\x08override\x18\x0f \x01(\t\x12\x1c\n\x14kubelet_checks_serve\x18\x10 \x01(\x08\x12\x15\n\rkubelet_ready\x18\x11 \x01(\t\"\x9e\x03\n\x07Summary\x12\x0c\n\x04pods\x18\x01 \x01(\r\x12?\n\rpods_by_state\x18\x02 \x03(\x0b\x32(.servehealth.v1.Summary.PodsByStateEntry\x12\x18\n\x10\x61gents_connected\x18\x03 \x01(\r\x12\x11\n\tlabel_key\x18\x04 \x01(\t\x12\r\n\x05panic\x18\x05 \x01(\x08\x12\x19\n\x11pods_in_pull_mode\x18\x06 \x01(\r\x12\x19\n\x11panic_held_writes\x18\x07 \x01(\r\x12\x0f\n\x07\x64ry_run\x18\x08 \x01(\x08\x12\x13\n\x0bwould_enter\x18\t \x01(\r\x12\x13\n\x0bwould_leave\x18\n \x01(\r\x12!\n\x19overridden_out_of_service\x18\x0b \x01(\r\x12\x1d\n\x15overridden_in_service\x18\x0c \x01(\r\x12!\n\x19pods_kubelet_checks_serve\x18\r \x01(\r\x1a\x32\n\x10PodsByStateEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\"\x84\x02\n\nTransition\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12.\n\nfrom_state\x18\x03 \x01(\x0e\x32\x1a.servehealth.v1.ServeState\x12,\n\x08to_state\x18\x04 \x01(\x0e\x32\x1a.servehealth.v1.ServeState\x12&\n\x06source\x18\x05 \x01(\x0e\x32\x16.servehealth.v1.Source\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x15\n\rdesired_label\x18\x07 \x01(\t\x12(\n\x04time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp*\x81\x02\n\nServeState\x12\x1b\n\x17SERVE_STATE_UNSPECIFIED\x10\x00\x12\x17\n\x13SERVE_STATE_SERVING\x10\x01\x12\x19\n\x15SERVE_STATE_NOT_READY\x10\x02\x12\x18\n\x14SERVE_STATE_DRAINING\x10\x03\x12\x18\n\x14SERVE_STATE_NO_PROXY\x10\x04\x12\x19\n\x15SERVE_STATE_UNHEALTHY\x10\x05\x12\x16\n\x12SERVE_STATE_SILENT\x10\x06\x12\x17\n\x13SERVE_STATE_UNKNOWN\x10\x07\x12\"\n\x1eSERVE_STATE_NO_PROXY_BY_DESIGN\x10\x08*Y\n\tAgentMode\x12\x1a\n\x16\x41GENT_MODE_UNSPECIFIED\x10\x00\x12\x16\n\x12\x41GENT_MODE_SIDECAR\x10\x01\x12\x18\n\x14\x41GENT_MODE_DAEMONSET\x10\x02*S\n\x06Source\x12\x16\n\x12SOURCE_UNSPECIFIED\x10\x00\x12\x0f\n\x0bSOURCE_PUSH\x10\x01\x12\x0f\n\x0bSOURCE_PULL\x10\x02\x12\x0f\n\x0bSOURCE_SEED\x10\x03\x32^\n\rReportService\x12M\n\x06Report\x12\x1c.servehealth.v1.AgentMessage\x1a!.servehealth.v1.AggregatorMessage(\x01\x30\x01\x32\xc5\x02\n\x11InspectionService\x12M\n\x08ListPods\x12\x1f.servehealth.v1.ListPodsRequest\x1a .servehealth.v1.ListPodsResponse\x12<\n\x06GetPod\x12\x1d.servehealth.v1.GetPodRequest\x1a\x13.servehealth.v1.Pod\x12H\n\nGetSummary\x12!.servehealth.v1.GetSummaryRequest\x1a\x17.servehealth.v1.Summary\x12Y\n\x10WatchTransitions\x12\'.servehealth.v1.WatchTransitionsRequest\x1a\x1a.servehealth.v1.Transition0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,12 +35,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SUMMARY_PODSBYSTATEENTRY']._loaded_options = None
   _globals['_SUMMARY_PODSBYSTATEENTRY']._serialized_options = b'8\001'
-  _globals['_SERVESTATE']._serialized_start=2925
-  _globals['_SERVESTATE']._serialized_end=3182
-  _globals['_AGENTMODE']._serialized_start=3184
-  _globals['_AGENTMODE']._serialized_end=3273
-  _globals['_SOURCE']._serialized_start=3275
-  _globals['_SOURCE']._serialized_end=3358
+  _globals['_SERVESTATE']._serialized_start=2943
+  _globals['_SERVESTATE']._serialized_end=3200
+  _globals['_AGENTMODE']._serialized_start=3202
+  _globals['_AGENTMODE']._serialized_end=3291
+  _globals['_SOURCE']._serialized_start=3293
+  _globals['_SOURCE']._serialized_end=3376
   _globals['_PODREF']._serialized_start=117
   _globals['_PODREF']._serialized_end=171
   _globals['_AGENTMESSAGE']._serialized_start=173
@@ -56,31 +56,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_AGENTSETTINGS']._serialized_start=858
   _globals['_AGENTSETTINGS']._serialized_end=1104
   _globals['_PODVIEW']._serialized_start=1107
-  _globals['_PODVIEW']._serialized_end=1301
-  _globals['_WRITESETTINGS']._serialized_start=1304
-  _globals['_WRITESETTINGS']._serialized_end=1483
-  _globals['_ACK']._serialized_start=1485
-  _globals['_ACK']._serialized_end=1508
-  _globals['_LISTPODSREQUEST']._serialized_start=1510
-  _globals['_LISTPODSREQUEST']._serialized_end=1590
-  _globals['_LISTPODSRESPONSE']._serialized_start=1592
-  _globals['_LISTPODSRESPONSE']._serialized_end=1645
-  _globals['_GETPODREQUEST']._serialized_start=1647
-  _globals['_GETPODREQUEST']._serialized_end=1695
-  _globals['_GETSUMMARYREQUEST']._serialized_start=1697
-  _globals['_GETSUMMARYREQUEST']._serialized_end=1716
-  _globals['_WATCHTRANSITIONSREQUEST']._serialized_start=1718
-  _globals['_WATCHTRANSITIONSREQUEST']._serialized_end=1762
-  _globals['_POD']._serialized_start=1765
-  _globals['_POD']._serialized_end=2242
-  _globals['_SUMMARY']._serialized_start=2245
-  _globals['_SUMMARY']._serialized_end=2659
-  _globals['_SUMMARY_PODSBYSTATEENTRY']._serialized_start=2609
-  _globals['_SUMMARY_PODSBYSTATEENTRY']._serialized_end=2659
-  _globals['_TRANSITION']._serialized_start=2662
-  _globals['_TRANSITION']._serialized_end=2922
-  _globals['_REPORTSERVICE']._serialized_start=3360
-  _globals['_REPORTSERVICE']._serialized_end=3454
-  _globals['_INSPECTIONSERVICE']._serialized_start=3457
-  _globals['_INSPECTIONSERVICE']._serialized_end=3782
+  _globals['_PODVIEW']._serialized_end=1319
+  _globals['_WRITESETTINGS']._serialized_start=1322
+  _globals['_WRITESETTINGS']._serialized_end=1501
+  _globals['_ACK']._serialized_start=1503
+  _globals['_ACK']._serialized_end=1526
+  _globals['_LISTPODSREQUEST']._serialized_start=1528
+  _globals['_LISTPODSREQUEST']._serialized_end=1608
+  _globals['_LISTPODSRESPONSE']._serialized_start=1610
+  _globals['_LISTPODSRESPONSE']._serialized_end=1663
+  _globals['_GETPODREQUEST']._serialized_start=1665
+  _globals['_GETPODREQUEST']._serialized_end=1713
+  _globals['_GETSUMMARYREQUEST']._serialized_start=1715
+  _globals['_GETSUMMARYREQUEST']._serialized_end=1734
+  _globals['_WATCHTRANSITIONSREQUEST']._serialized_start=1736
+  _globals['_WATCHTRANSITIONSREQUEST']._serialized_end=1780
+  _globals['_POD']._serialized_start=1783
+  _globals['_POD']._serialized_end=2260
+  _globals['_SUMMARY']._serialized_start=2263
+  _globals['_SUMMARY']._serialized_end=2677
+  _globals['_SUMMARY_PODSBYSTATEENTRY']._serialized_start=2627
+  _globals['_SUMMARY_PODSBYSTATEENTRY']._serialized_end=2677
+  _globals['_TRANSITION']._serialized_start=2680
+  _globals['_TRANSITION']._serialized_end=2940
+  _globals['_REPORTSERVICE']._serialized_start=3378
+  _globals['_REPORTSERVICE']._serialized_end=3472
+  _globals['_INSPECTIONSERVICE']._serialized_start=3475
+  _globals['_INSPECTIONSERVICE']._serialized_end=3800
 # @@protoc_insertion_point(module_scope)

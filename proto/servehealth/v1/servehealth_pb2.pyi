@@ -133,7 +133,7 @@ class AgentSettings(_message.Message):
     def __init__(self, heartbeat_interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., resync_interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., reports_per_change: _Optional[int] = ..., reports_per_failure: _Optional[int] = ..., writes: _Optional[_Union[WriteSettings, _Mapping]] = ..., fleet_size: _Optional[int] = ...) -> None: ...
 
 class PodView(_message.Message):
-    __slots__ = ("pod", "resource_version", "node_name", "label", "condition", "gated", "overridden")
+    __slots__ = ("pod", "resource_version", "node_name", "label", "condition", "gated", "overridden", "override")
     POD_FIELD_NUMBER: _ClassVar[int]
     RESOURCE_VERSION_FIELD_NUMBER: _ClassVar[int]
     NODE_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -141,6 +141,7 @@ class PodView(_message.Message):
     CONDITION_FIELD_NUMBER: _ClassVar[int]
     GATED_FIELD_NUMBER: _ClassVar[int]
     OVERRIDDEN_FIELD_NUMBER: _ClassVar[int]
+    OVERRIDE_FIELD_NUMBER: _ClassVar[int]
     pod: PodRef
     resource_version: str
     node_name: str
@@ -148,7 +149,8 @@ class PodView(_message.Message):
     condition: str
     gated: bool
     overridden: bool
-    def __init__(self, pod: _Optional[_Union[PodRef, _Mapping]] = ..., resource_version: _Optional[str] = ..., node_name: _Optional[str] = ..., label: _Optional[str] = ..., condition: _Optional[str] = ..., gated: _Optional[bool] = ..., overridden: _Optional[bool] = ...) -> None: ...
+    override: str
+    def __init__(self, pod: _Optional[_Union[PodRef, _Mapping]] = ..., resource_version: _Optional[str] = ..., node_name: _Optional[str] = ..., label: _Optional[str] = ..., condition: _Optional[str] = ..., gated: _Optional[bool] = ..., overridden: _Optional[bool] = ..., override: _Optional[str] = ...) -> None: ...
 
 class WriteSettings(_message.Message):
     __slots__ = ("label", "label_key", "condition", "condition_type", "failure_threshold", "success_threshold", "fallback", "lease")
