@@ -28,13 +28,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from aggregator.cleanup import agents as cleanup_agents
-from aggregator.cleanup.kube import (
-    Cleaner,
-    CleanupSettings,
-    Retrier,
-    last_renewal,
-    live_holder,
-)
+from aggregator.cleanup.kube import Cleaner, CleanupSettings, Retrier, last_renewal, live_holder
 from aggregator.cleanup.rules import CleanupRules
 from aggregator.flags import AggregatorFlags
 from aggregator.kube.api import KubeApi
@@ -58,29 +52,25 @@ DEFAULT_LEASE_NAMESPACE = "ray-serve-health"
 EXIT_FAILED = 1
 EXIT_REFUSED = 2
 
-_AGGREGATOR = {field.name: field.default for field in fields(AggregatorFlags)}
-
-
-def _aggregators(name: str) -> Any:
-    """The aggregator's default of its flag ``name`` (so the two cannot drift apart)."""
-    return _AGGREGATOR[name]
+#: The aggregator's default of each of its flags (so the two cannot drift apart).
+_AGGREGATORS: dict[str, Any] = {field.name: field.default for field in fields(AggregatorFlags)}
 
 
 @dataclass(frozen=True)
 class CleanupFlags:
     mode: str = setting(
-        _aggregators("mode"),
+        _AGGREGATORS["mode"],
         "What the aggregator wrote (its --mode): label, condition or both.",
         choices=("label", "condition", "both"),
     )
     label_key: str = setting(
-        _aggregators("label_key"),
+        _AGGREGATORS["label_key"],
         "The aggregator's --label-key. ray.io/serve (KubeRay's): RayService workers get "
         '"true" back, RayService heads are left to KubeRay, other pods lose it; any other '
         "key: removed from every pod.",
     )
     condition_type: str = setting(
-        _aggregators("condition_type"),
+        _AGGREGATORS["condition_type"],
         "The aggregator's --condition-type: set True (reason RayServeHealthUninstalled) on "
         "pods whose readiness gates name it, removed from the others.",
     )
@@ -102,7 +92,7 @@ class CleanupFlags:
         duration=True,
     )
     lease_name: str = setting(
-        _aggregators("leader_elect_lease_name"),
+        _AGGREGATORS["leader_elect_lease_name"],
         "Name of the aggregator's leader-election Lease (its --leader-elect-lease-name).",
     )
     lease_namespace: str = setting(
@@ -162,11 +152,10 @@ def where_lease(flags: CleanupFlags) -> str:
         return DEFAULT_LEASE_NAMESPACE
 
 
-async def lease_refusal(flags: CleanupFlags, api: KubeApi, retrier: Retrier) -> int | None:
+async def lease_refusal(flags: CleanupFlags, store: KubeLeaseStore, retrier: Retrier) -> int | None:
     """The exit code to stop with (logged), or None to go on: refused (2) while the
     aggregator's Lease is held and renewed, or cannot be read (403, ...), unless --force or
     --dry-run; failed (1) when the API does not answer."""
-    store = KubeLeaseStore(api, where_lease(flags), flags.lease_name)
     lease = f"the aggregator's Lease {store.describe()}"
     try:
         holder = await live_holder(store, retrier, watch=not flags.force)
@@ -211,14 +200,13 @@ async def lease_refusal(flags: CleanupFlags, api: KubeApi, retrier: Retrier) -> 
 
 async def agents_refusal(
     flags: CleanupFlags,
-    api: KubeApi,
+    store: KubeLeaseStore,
     retrier: Retrier,
     pods: list[dict[str, Any]],
     started: datetime.datetime,
 ) -> int | None:
     """The exit code to stop with (logged), or None to go on: refused (2) when agents in
     fallback wrote pods after the aggregator went away, unless --force or --dry-run."""
-    store = KubeLeaseStore(api, where_lease(flags), flags.lease_name)
     renewed = await last_renewal(store, retrier)
     after = cleanup_agents.since(renewed, started, flags.fallback_window)
     writes = cleanup_agents.agent_writes(pods, after)
@@ -245,7 +233,8 @@ async def clean(flags: CleanupFlags, api: KubeApi) -> int:
     """Check, then clean up; the exit code."""
     started = datetime.datetime.now(datetime.UTC)
     retrier = Retrier(flags.max_attempts)
-    refusal = await lease_refusal(flags, api, retrier)
+    store = KubeLeaseStore(api, where_lease(flags), flags.lease_name)
+    refusal = await lease_refusal(flags, store, retrier)
     if refusal is not None:
         return refusal
     rules = CleanupRules(flags.mode, flags.label_key, flags.condition_type)
@@ -263,7 +252,7 @@ async def clean(flags: CleanupFlags, api: KubeApi) -> int:
     except APIError as error:
         log.error("cannot list the Ray pods: %s", error)
         return EXIT_FAILED
-    refusal = await agents_refusal(flags, api, retrier, pods, started)
+    refusal = await agents_refusal(flags, store, retrier, pods, started)
     if refusal is not None:
         return refusal
     tally = await cleaner.apply(pods)

@@ -14,7 +14,7 @@ on.
 from __future__ import annotations
 
 import asyncio
-import datetime
+import collections
 import enum
 import functools
 import logging
@@ -32,7 +32,7 @@ from aggregator.leader.elector import LeaseStore
 from servehealth_common.backoff import backoff_delay, retry_delay
 from servehealth_common.kube.errors import APIConflictError, APIError, APINotFoundError
 from servehealth_common.pod_identity import PodKey
-from servehealth_common.pod_writes.times import api_time
+from servehealth_common.pod_writes.times import api_time, utc_now
 
 log = logging.getLogger(__name__)
 
@@ -56,28 +56,19 @@ class CleanupOutcome(enum.Enum):
     GONE = "gone"
 
 
-@dataclass
-class Tally:
+class Tally(collections.Counter[CleanupOutcome]):
     """Pods by outcome."""
-
-    counts: dict[CleanupOutcome, int] = field(
-        default_factory=lambda: dict.fromkeys(CleanupOutcome, 0)
-    )
-
-    def add(self, outcome: CleanupOutcome) -> None:
-        self.counts[outcome] += 1
 
     @property
     def failed(self) -> int:
-        return self.counts[CleanupOutcome.FAILED]
+        return self[CleanupOutcome.FAILED]
 
     def summary(self, dry_run: bool) -> str:
         changed = "would change" if dry_run else "changed"
-        total = sum(self.counts.values())
         return (
-            f"summary: {total} pods: {self.counts[CleanupOutcome.CHANGED]} {changed}, "
-            f"{self.counts[CleanupOutcome.RIGHT]} already right, {self.failed} failed, "
-            f"{self.counts[CleanupOutcome.GONE]} gone (deleted meanwhile)"
+            f"summary: {self.total()} pods: {self[CleanupOutcome.CHANGED]} {changed}, "
+            f"{self[CleanupOutcome.RIGHT]} already right, {self.failed} failed, "
+            f"{self[CleanupOutcome.GONE]} gone (deleted meanwhile)"
             + (" (dry run: nothing was changed)" if dry_run else "")
         )
 
@@ -165,10 +156,6 @@ async def last_renewal(store: LeaseStore, retrier: Retrier) -> str:
     return lease.record.renew_time if lease is not None else ""
 
 
-def utc_now() -> str:
-    return api_time(datetime.datetime.now(datetime.UTC))
-
-
 class Cleaner:
     """Lists the Ray pods and applies each pod's plan; ``out`` gets one line per change (and
     what is left alone), to be printed."""
@@ -180,42 +167,30 @@ class Cleaner:
         settings: CleanupSettings,
         out: Callable[[str], None],
         retrier: Retrier,
-        *,
-        now: Callable[[], str] = utc_now,
     ) -> None:
         self._api = api
         self.rules = rules
         self.settings = settings
         self._out = out
         self._retrier = retrier
-        self._now = now
         self._limiter = AsyncLimiter(settings.burst, settings.burst / settings.qps)
         self._slots = asyncio.Semaphore(settings.concurrency)
 
     async def pods(self) -> list[dict[str, Any]]:
         """Every pod the selector matches, in the namespaces asked for (all: none given)."""
         found: list[dict[str, Any]] = []
-        selector = self.settings.pod_selector
         for namespace in self.settings.namespaces or (None,):
-
-            async def listed(namespace: str | None = namespace) -> list[dict[str, Any]]:
-                items, _ = await self._api.list_pods(namespace, selector)
-                return items
-
-            found += await self._retrier.call(listed)
+            list_pods = functools.partial(
+                self._api.list_pods, namespace, self.settings.pod_selector
+            )
+            items, _ = await self._retrier.call(list_pods)
+            found += items
         return found
-
-    async def run(self) -> Tally:
-        """Clean every pod up; APIError if the pods cannot be listed."""
-        return await self.apply(await self.pods())
 
     async def apply(self, pods: list[dict[str, Any]]) -> Tally:
         """Clean these pods up (as :meth:`pods` listed them)."""
         plans = plan(pods, self.rules)
-        tally = Tally()
-        for outcome in await asyncio.gather(*(self._apply(p) for p in plans)):
-            tally.add(outcome)
-        return tally
+        return Tally(await asyncio.gather(*(self._apply(p) for p in plans)))
 
     async def _apply(self, pod: PodPlan) -> CleanupOutcome:
         for kept in pod.kept:
@@ -245,7 +220,7 @@ class Cleaner:
 
     async def _send(self, key: PodKey, change: Change) -> dict[str, Any]:
         await self._limiter.acquire()
-        body = patch_of(change, self._now())
+        body = patch_of(change, api_time(utc_now()))
         if change.op.on_status:
             return await self._api.patch_pod_status(key, body)
         return await self._api.patch_pod(key, body)
