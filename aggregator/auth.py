@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from aggregator.metrics import Metrics
-from servehealth_common.tokens import TOKEN_EXPIRED, expiry, jwt_claims
+from servehealth_common.tokens import expiry, jwt_claims
 
 #: The audience agents' projected tokens are issued for (``--auth-audience``).
 DEFAULT_AUDIENCE = "ray-serve-health"
@@ -52,8 +52,6 @@ NEGATIVE_CACHE_FOR = 5.0
 #: Tokens remembered at most (least recently used first out); a few MiB at most.
 CACHE_ENTRIES = 16_384
 
-#: How a stream whose token expired ends (the agent expects it, and reconnects at once).
-EXPIRED = TOKEN_EXPIRED
 #: How a new stream or call with an expired token is refused.
 ALREADY_EXPIRED = (
     "the token has expired: send the current one (the kubelet rotates the projected token file "
@@ -214,18 +212,13 @@ class TokenReviewer:
         *,
         clock: Clock = time.monotonic,
         wall_clock: Clock = time.time,
-        cache_for: float = CACHE_FOR,
-        negative_cache_for: float = NEGATIVE_CACHE_FOR,
-        max_entries: int = CACHE_ENTRIES,
     ) -> None:
         self.audience = audience
         self._review = review
         self._metrics = metrics
         self._clock = clock
         self._wall_clock = wall_clock
-        self._cache_for = cache_for
-        self._negative_cache_for = negative_cache_for
-        self.cache: ReviewCache[Verified | str] = ReviewCache(clock, max_entries)
+        self.cache: ReviewCache[Verified | str] = ReviewCache(clock)
         self._pending: dict[bytes, asyncio.Future[Verified]] = {}
 
     async def verify(self, token: str) -> Verified:
@@ -283,14 +276,14 @@ class TokenReviewer:
             identity = identity_from_review(review, self.audience)
         except Unauthenticated as error:
             self._metrics.token_reviews.labels("rejected").inc()
-            self.cache.put(key, str(error), self._negative_cache_for)
+            self.cache.put(key, str(error), NEGATIVE_CACHE_FOR)
             raise
         self._metrics.token_reviews.labels("authenticated").inc()
         remaining = exp - self._wall_clock()
         if remaining <= 0:
             raise Unauthenticated(ALREADY_EXPIRED)
         verified = Verified(identity, self._clock() + remaining)
-        self.cache.put(key, verified, min(remaining, self._cache_for))
+        self.cache.put(key, verified, min(remaining, CACHE_FOR))
         return verified
 
 

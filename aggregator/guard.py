@@ -7,8 +7,9 @@ decision in ``serve_health_auth_total`` and logs a refusal once per client addre
 (later ones at debug level), so that a misconfigured fleet does not flood the log.
 
 The check is per stream, never per message: a Report stream is checked once, after its hello,
-and ends (UNAUTHENTICATED, :data:`aggregator.auth.EXPIRED`) when its token expires, so that
-no stream outlives its token; an inspection call is checked when it starts.
+and ends (UNAUTHENTICATED, :data:`servehealth_common.tokens.TOKEN_EXPIRED`: the agent expects
+it, and reconnects at once) when its token expires, so that no stream outlives its token; an
+inspection call is checked when it starts.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from typing import Any, NoReturn
 import grpc
 
 from aggregator.auth import (
-    EXPIRED,
     AuthError,
     PermissionDenied,
     ReviewUnavailable,
@@ -35,6 +35,7 @@ from aggregator.auth import (
 from aggregator.ingest.admission import peer_host
 from aggregator.metrics import Metrics
 from servehealth.v1 import servehealth_pb2 as pb
+from servehealth_common.tokens import TOKEN_EXPIRED
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +88,8 @@ class Guard:
         metrics: Metrics,
         *,
         knows_nodes: bool,
-        node_agents: Collection[str] = (),
-        close: Callable[[], None] | None = None,
+        node_agents: Collection[str],
+        close: Callable[[], None],
     ) -> None:
         self.reviewer = reviewer
         self._metrics = metrics
@@ -96,12 +97,9 @@ class Guard:
         #: report could be bound to its node, so none is accepted).
         self._knows_nodes = knows_nodes
         self._node_agents = frozenset(node_agents)
-        self._close = close
+        #: Closes the TokenReview client (on stop).
+        self.close = close
         self._logged: OrderedDict[tuple[str, str, str], None] = OrderedDict()
-
-    def close(self) -> None:
-        if self._close is not None:
-            self._close()
 
     # -- the services' entry points -------------------------------------------------------
 
@@ -137,7 +135,7 @@ class Guard:
         """End a Report stream whose token expired; the agent reconnects with its new one."""
         self._metrics.auth.labels("report", "expired").inc()
         log.debug("ending the report stream of %s: its token expired", context.peer())
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, EXPIRED)
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, TOKEN_EXPIRED)
         raise AssertionError("unreachable")  # pragma: no cover - abort raises
 
     async def admit_call(self, context: grpc.aio.ServicerContext, service: str) -> TokenIdentity:

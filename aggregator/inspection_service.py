@@ -13,7 +13,7 @@ import grpc
 
 from aggregator.decision import override
 from aggregator.decision.core import Core
-from aggregator.decision.shadow import Disagreements, ShadowView
+from aggregator.decision.shadow import ShadowView
 from aggregator.decision.tracker import PodRecord
 from aggregator.decision.transition_feed import WatcherTooSlow
 from aggregator.guard import Guard
@@ -41,9 +41,9 @@ class InspectionService(pb_grpc.InspectionServiceServicer):
         label_key: str,
         wall_clock: Callable[[], float] = time.time,
         *,
-        guard: Guard | None = None,
-        shadow: ShadowView | None = None,
-        registry: PodRegistry | None = None,
+        guard: Guard | None,
+        shadow: ShadowView,
+        registry: PodRegistry,
     ) -> None:
         self._core = core
         self._label_key = label_key
@@ -51,7 +51,7 @@ class InspectionService(pb_grpc.InspectionServiceServicer):
         #: --inspection-auth tokenreview: each call must carry a genuine token (None: open).
         self._guard = guard
         self._calls = CallsInFlight()
-        #: Shadow mode and drift: Pod.carried, Summary.dry_run and would_* (None: not shown).
+        #: Shadow mode and drift: Pod.carried, Summary.dry_run and would_*.
         self._shadow = shadow
         #: Manual overrides: Pod.override, its wanted value and reason; Summary.overridden_*.
         self._registry = registry
@@ -71,18 +71,16 @@ class InspectionService(pb_grpc.InspectionServiceServicer):
 
     def _pod(self, record: PodRecord, now: float, wall: float) -> pb.Pod:
         message = wire.pod_message(record, now, wall)
-        if self._shadow is not None:
-            message.carried = self._shadow.carried(record.key)
-        if self._registry is not None:
-            view = self._registry.view(record.key)
-            if view is not None:  # the kubelet's side (issue 27): a backend that watches pods
-                message.kubelet_checks_serve = view.kubelet_checks_serve
-                message.kubelet_ready = view.kubelet_ready
-            found = self._registry.override(record.key)
-            if found.label is not None:  # the probed state stays; the rest says "override"
-                message.override = str(found.value)
-                message.desired_label = found.label
-                message.reason = override.reason(found, record.reason)
+        message.carried = self._shadow.carried(record.key)
+        view = self._registry.view(record.key)
+        if view is not None:  # the kubelet's side (issue 27): a backend that watches pods
+            message.kubelet_checks_serve = view.kubelet_checks_serve
+            message.kubelet_ready = view.kubelet_ready
+        found = self._registry.override(record.key)
+        if found.label is not None:  # the probed state stays; the rest says "override"
+            message.override = str(found.value)
+            message.desired_label = found.label
+            message.reason = override.reason(found, record.reason)
         return message
 
     async def ListPods(
@@ -126,8 +124,8 @@ class InspectionService(pb_grpc.InspectionServiceServicer):
     ) -> pb.Summary:
         await self._begin(context)
         summary = self._core.summary()
-        shadow = self._shadow.disagreements() if self._shadow else Disagreements()
-        overridden = self._registry.overrides() if self._registry else {}
+        shadow = self._shadow.disagreements()
+        overridden = self._registry.overrides()
         return pb.Summary(
             pods=sum(summary.counts.values()),
             pods_by_state={
@@ -138,14 +136,12 @@ class InspectionService(pb_grpc.InspectionServiceServicer):
             panic=summary.panic,
             pods_in_pull_mode=summary.pods_in_pull_mode,
             panic_held_writes=summary.panic_held_writes,
-            dry_run=self._shadow is not None and self._shadow.dry_run,
+            dry_run=self._shadow.dry_run,
             would_enter=shadow.would_enter,
             would_leave=shadow.would_leave,
             overridden_out_of_service=overridden.get(override.OUT_OF_SERVICE, 0),
             overridden_in_service=overridden.get(override.IN_SERVICE, 0),
-            pods_kubelet_checks_serve=self._registry.pods_kubelet_checks_serve()
-            if self._registry
-            else 0,
+            pods_kubelet_checks_serve=self._registry.pods_kubelet_checks_serve(),
         )
 
     async def WatchTransitions(
