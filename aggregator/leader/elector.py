@@ -32,22 +32,18 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Protocol, TypeVar
 
 from servehealth_common.backoff import jittered
 from servehealth_common.kube.errors import APIConflictError, APIError
-from servehealth_common.pod_writes.times import micro_time
+from servehealth_common.pod_writes.times import micro_time, utc_now
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 #: Wake this much after the moment a lease is due to expire (timers may fire a hair early).
 EXPIRY_MARGIN = 0.005
-
-
-def utc_now() -> datetime:
-    return datetime.now(UTC)
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,11 +230,10 @@ class LeaderElector:
     ) -> bool:
         """Create or update the Lease with ``record``; True if written (this candidate holds
         it, from ``started`` on). A 409 means another candidate won: False, as any error."""
-        describe = self.store.describe()
         try:
             version = await self._bounded(call, call_timeout)
         except APIConflictError:
-            log.info("lease %s %s", describe, conflict)
+            log.info("lease %s %s", self.store.describe(), conflict)
             return False
         except (APIError, TimeoutError) as error:
             self._failed(action, error)

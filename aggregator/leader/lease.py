@@ -112,27 +112,24 @@ class KubeLeaseStore:
         version = self._remember(body)
         return Lease(record_of(body.get("spec") or {}), version)
 
-    async def create(self, record: LeaseRecord) -> str:
-        body = {
+    def _body(self, record: LeaseRecord, **metadata: Any) -> dict[str, Any]:
+        return {
             "apiVersion": API_VERSION,
             "kind": "Lease",
-            "metadata": {"name": self.name, "namespace": self.namespace, "labels": LABELS},
+            "metadata": {"name": self.name, "namespace": self.namespace, **metadata},
             "spec": spec_of(record),
         }
+
+    async def create(self, record: LeaseRecord) -> str:
+        body = self._body(record, labels=LABELS)
         return self._remember(await self.api.create_lease(self.namespace, body))
 
     async def update(self, record: LeaseRecord, version: str) -> str:
         last = (self._last or {}).get("metadata", {})
-        metadata = {
+        kept = {
             key: last[key] for key in ("labels", "annotations", "ownerReferences") if key in last
         }
-        metadata.update(name=self.name, namespace=self.namespace, resourceVersion=version)
-        body = {
-            "apiVersion": API_VERSION,
-            "kind": "Lease",
-            "metadata": metadata,
-            "spec": spec_of(record),
-        }
+        body = self._body(record, resourceVersion=version, **kept)
         return self._remember(await self.api.replace_lease(self.namespace, self.name, body))
 
     def close(self) -> None:
