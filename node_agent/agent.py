@@ -98,7 +98,7 @@ class Agent:
     async def run(self) -> None:
         async with asyncio.TaskGroup() as group:
             group.create_task(self.probe_forever(), name="probe")
-            group.create_task(self.stream_forever(), name="stream")
+            group.create_task(self.stream.run(), name="stream")
             group.create_task(self.fallback.run(), name="fallback")
 
     # -- the parts ------------------------------------------------------------------------
@@ -123,6 +123,3 @@ class Agent:
             await self.probe.run()
         finally:
             self._metrics.not_probing(OWN_POD)
-
-    async def stream_forever(self) -> None:
-        await self.stream.run()

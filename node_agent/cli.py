@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import signal
@@ -19,7 +20,7 @@ from node_agent.identity import (
     SidecarPod,
     node_name_from_environ,
 )
-from node_agent.sink import NO_METRICS, MetricsSink
+from node_agent.sink import NO_METRICS
 from node_agent.watchdog import Watchdog
 from servehealth_common import logs, runtime
 from servehealth_common.config import load
@@ -40,8 +41,9 @@ DESCRIPTION = (
 
 log = logging.getLogger("node_agent")
 
-#: Builds the agent once the probe session exists (it must be made inside the event loop).
-MakeAgent = Callable[[Prober, "Watchdog | None", MetricsSink], "Agent | NodeAgent"]
+#: Builds the agent once the probe session exists (it must be made inside the event loop):
+#: ``make_agent(prober, watchdog=..., metrics=...)``.
+MakeAgent = Callable[..., "Agent | NodeAgent"]
 
 
 async def run(settings: AgentFlags, make_agent: MakeAgent) -> None:
@@ -59,12 +61,13 @@ async def run(settings: AgentFlags, make_agent: MakeAgent) -> None:
             stall_timeout = settings.effective_stall_timeout
             dog = Watchdog(stall_timeout) if stall_timeout else None
             if not settings.metrics_listen:
-                await _run_until_signalled(make_agent(prober, dog, NO_METRICS), dog)
+                agent = make_agent(prober, watchdog=dog, metrics=NO_METRICS)
+                await _run_until_signalled(agent, dog)
                 return
             from node_agent import metrics  # prometheus_client: only with --metrics-listen
 
             sink = metrics.AgentMetrics()
-            agent = make_agent(prober, dog, sink)
+            agent = make_agent(prober, watchdog=dog, metrics=sink)
             async with metrics.serving(settings.metrics_listen, sink, agent, dog):
                 await _run_until_signalled(agent, dog)
     finally:
@@ -112,14 +115,7 @@ def _run_sidecar(settings: AgentFlags) -> int:
         settings.interval,
         settings.aggregator,
     )
-    runtime.run(
-        run(
-            settings,
-            lambda prober, dog, metrics: Agent(
-                settings, identity, prober, watchdog=dog, metrics=metrics
-            ),
-        )
-    )
+    runtime.run(run(settings, functools.partial(Agent, settings, identity)))
     return 0
 
 
@@ -144,14 +140,7 @@ def _run_daemonset(settings: AgentFlags) -> int:
         settings.aggregator,
     )
     try:
-        runtime.run(
-            run(
-                settings,
-                lambda prober, dog, metrics: NodeAgent(
-                    settings, node_name, prober, client, watchdog=dog, metrics=metrics
-                ),
-            )
-        )
+        runtime.run(run(settings, functools.partial(NodeAgent, settings, node_name, client=client)))
     finally:
         client.close()
     return 0

@@ -26,10 +26,6 @@ OnResult = Callable[[ProbeResult, bool], None]
 OnTurn = Callable[[ServeState, float], None]
 
 
-def _no_turn(state: ServeState, seconds: float) -> None:
-    pass
-
-
 def next_tick(after: float, phase: float, interval: float) -> float:
     """The tick of the grid ``phase + k * interval`` in ``(after, after + interval]``."""
     return phase + (math.floor((after - phase) / interval) + 1) * interval
@@ -74,7 +70,7 @@ class PodProbe:
         grid_phase: float | None = None,
         grpc_address: str | None = None,
         watchdog: Watchdog | None = None,
-        on_turn: OnTurn = _no_turn,
+        on_turn: OnTurn = lambda state, seconds: None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:

@@ -138,8 +138,12 @@ class ReportClient:
                 reraise_cancel(since, error)
                 self._metrics.stream_failed()
                 self._failed(error, was_connected=self.connected.is_set())
-            finally:
-                was_connected = self._closed()
+            finally:  # the stream is over (or never opened): was it accepted?
+                was_connected = self.connected.is_set()
+                if was_connected:
+                    self.connected.clear()
+                    self._metrics.connected(False)
+                    self._listener.ended()
             if self._next_address(was_connected):
                 log.debug("trying aggregator %s", self.address)
                 continue
@@ -150,15 +154,6 @@ class ReportClient:
                 delay = self._backoff.next()
             log.debug("reconnecting in %.2fs", delay)
             await asyncio.sleep(delay)
-
-    def _closed(self) -> bool:
-        """The stream is over (or never opened); whether it had been accepted."""
-        was_connected = self.connected.is_set()
-        if was_connected:
-            self.connected.clear()
-            self._metrics.connected(False)
-            self._listener.ended()
-        return was_connected
 
     @property
     def address(self) -> str:

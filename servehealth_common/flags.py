@@ -10,9 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from servehealth_common.config import setting
-from servehealth_common.logs import FORMATS
-
-LOG_LEVELS = ("debug", "info", "warning", "error")
+from servehealth_common.logs import FORMATS, LEVELS
 
 
 def kubeconfig_flag() -> Any:
@@ -50,7 +48,7 @@ def proxy_port_flag() -> Any:
 
 
 def log_level_flag() -> Any:
-    return setting("info", "Log level.", choices=LOG_LEVELS)
+    return setting("info", "Log level.", choices=LEVELS)
 
 
 def log_format_flag() -> Any:

@@ -21,7 +21,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from servehealth_common.backoff import Backoff
 from servehealth_common.kube.client import KubeClient
-from servehealth_common.kube.errors import APIError, APIGoneError, wrap
+from servehealth_common.kube.errors import APIError, APIGoneError
 
 log = logging.getLogger(__name__)
 
@@ -196,8 +196,8 @@ class PodWatch(Generic[P]):
                     if self._stopping.is_set():
                         break
                     post(event)
-            except BaseException as error:
-                post(_wrap_for_loop(error))
+            except BaseException as error:  # an APIError already (KubeClient wraps), or a bug
+                post(error)
             finally:
                 post(_END)
 
@@ -209,11 +209,6 @@ class PodWatch(Generic[P]):
             if isinstance(item, BaseException):
                 raise item
             yield item
-
-
-def _condition(error: APIError) -> str:
-    """What kind of failure ``error`` is: its HTTP status, or no answer at all."""
-    return f"HTTP {error.status}" if error.status else "no answer"
 
 
 def _attempts(number: int) -> str:
@@ -231,7 +226,8 @@ class _ListFailures:
         self._attempts = self._total = 0
 
     def failed(self, error: APIError, retry_in: float) -> None:
-        now, condition = self._clock(), _condition(error)
+        # What kind of failure it is: its HTTP status, or no answer at all.
+        now, condition = self._clock(), (f"HTTP {error.status}" if error.status else "no answer")
         self._total += 1
         if condition == self._condition:
             self._attempts += 1
@@ -268,10 +264,3 @@ class _ListFailures:
             return ""
         elapsed = self._clock() - self._started
         return f", after {_attempts(self._total)} in {elapsed:.1f}s (last: {self._condition})"
-
-
-def _wrap_for_loop(error: BaseException) -> BaseException:
-    try:
-        return wrap(error, "watch pods")
-    except BaseException as unexpected:
-        return unexpected
