@@ -152,9 +152,13 @@ class PodRegistry(abc.ABC):
         """Pods an agent in fallback wrote after ``since`` (None: whenever): none here."""
         return 0
 
-    def targets(self, key: PodKey, wanted: str) -> list[Target]:
+    def targets(self, key: PodKey, health: str | None) -> list[Target]:
         """Each thing the aggregator writes to the pod: its kind, what the pod carries now, and
-        the value that goes with the label ``wanted`` (:mod:`aggregator.decision.shadow`)."""
+        the value that goes with the label its health calls for (``health``, the override
+        first; none where nothing is wanted: :mod:`aggregator.decision.shadow`)."""
+        wanted = self.wanted(key, health)
+        if wanted is None:
+            return []
         return [(WriteKind.LABEL, self.carried(key, WriteKind.LABEL), wanted)]
 
 

@@ -143,21 +143,6 @@ def serve_view_settings(flags: AggregatorFlags) -> ServeViewSettings:
     )
 
 
-def election_settings(flags: AggregatorFlags) -> ElectionSettings:
-    return ElectionSettings(
-        lease_duration=int(flags.leader_elect_lease_duration),
-        renew_deadline=flags.leader_elect_renew_deadline,
-        retry_period=flags.leader_elect_retry_period,
-    )
-
-
-def metrics_server_settings(flags: AggregatorFlags) -> MetricsServerSettings | None:
-    if not flags.metrics_listen:
-        return None
-    host, port = split_host_port(flags.metrics_listen)
-    return MetricsServerSettings(host=host, port=port)
-
-
 # -- the components that depend on the environment -----------------------------------------
 
 
@@ -253,13 +238,16 @@ def make_election(
             f"--leader-elect needs the kubernetes backend, not {registry.name} "
             "(with --kube-backend auto: no Kubernetes configuration was found)"
         )
-    timings = election_settings(flags)
     elector, store = make_elector(
         load_configuration(flags.kubeconfig),
         namespace=lease_namespace(flags.leader_elect_namespace, environ),
         lease_name=flags.leader_elect_lease_name,
         identity=candidate_identity(flags.leader_elect_identity, environ),
-        timings=timings,
+        timings=ElectionSettings(
+            lease_duration=int(flags.leader_elect_lease_duration),
+            renew_deadline=flags.leader_elect_renew_deadline,
+            retry_period=flags.leader_elect_retry_period,
+        ),
         on_renew_failure=metrics.lease_renew_failures.inc,
         on_denied=lambda verb, resource: metrics.api_denied.labels(verb, resource).inc(),
     )
@@ -279,8 +267,8 @@ def make_shadow(
     shadow = ShadowView(
         flags.dry_run,
         lambda: (r.key for r in core.pods()),
-        lambda key: registry.wanted(key, core.desired_label(key)),  # overrides included
-        registry.targets,
+        core.desired_label,
+        registry.targets,  # overrides included
     )
     metrics.dry_run.set(1 if flags.dry_run else 0)
     for kind in WOULD_BE_KINDS:
@@ -303,15 +291,18 @@ def make_metrics_server(
     flags: AggregatorFlags, metrics: Metrics, lifecycle: Lifecycle, label: LeaderLabel | None
 ) -> MetricsServer | None:
     """/metrics, /livez and /readyz on --metrics-listen (None: turned off)."""
-    settings = metrics_server_settings(flags)
-    if not settings:
+    if not flags.metrics_listen:
         return None
+    host, port = split_host_port(flags.metrics_listen)
     checks: dict[str, HealthCheck] = {
         "/livez": lambda: None,  # answered at all: the event loop runs
         "/readyz": lambda: not_ready(lifecycle.phase, label is None or label.settled),
     }
     return MetricsServer(
-        metrics.registry, settings, metrics.metrics_connections_refused.inc, checks=checks
+        metrics.registry,
+        MetricsServerSettings(host=host, port=port),
+        metrics.metrics_connections_refused.inc,
+        checks=checks,
     )
 
 

@@ -129,28 +129,27 @@ class WouldBeWrites:
 
 class ShadowView:
     """What inspection and metrics read of shadow mode and drift: the figures are counted when
-    asked (a scrape, a GetSummary), from the core's wanted labels and the registry's targets."""
+    asked (a scrape, a GetSummary), from the core's wanted labels and the registry's targets
+    (one desired state per pod: a GetSummary polled every 20 ms over 1,000 pods is a fifth of
+    a core with two)."""
 
     def __init__(
         self,
         dry_run: bool,
         keys: Callable[[], Iterable[PodKey]],
-        wanted: Callable[[PodKey], str | None],
-        targets: Callable[[PodKey, str], Sequence[Target]],
+        health: Callable[[PodKey], str | None],
+        targets: Callable[[PodKey, str | None], Sequence[Target]],
     ) -> None:
         self.dry_run = dry_run
         self._keys = keys
-        self._wanted = wanted
+        self._health = health
         self._targets = targets
 
     def disagreements(self) -> Disagreements:
         """Pods whose carried value differs, in traffic, from what the aggregator would write;
-        a pod whose removal PANIC holds (or a look awaits) is not wanted out, so not counted."""
-        return tally(
-            direction(self._targets(key, wanted))
-            for key in self._keys()
-            if (wanted := self._wanted(key)) is not None
-        )
+        a pod whose removal PANIC holds (or a look awaits) is not wanted out, so not counted
+        (it has no targets, unless an override decides for it)."""
+        return tally(direction(self._targets(key, self._health(key))) for key in self._keys())
 
     def carried(self, key: PodKey) -> str:
         """``Pod.carried``: what the pod carries now ("" when absent)."""

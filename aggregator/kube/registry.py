@@ -252,16 +252,16 @@ class KubeRegistry(PodRegistry):
             and (since is None or fallback_marks.written_after(mark, since))
         )
 
-    def targets(self, key: PodKey, wanted: str) -> list[Target]:
+    def targets(self, key: PodKey, health: str | None) -> list[Target]:
         """The label and, for a pod with the readiness gate, the condition, as the mode says:
-        the pod's desired state for ``wanted`` (which :meth:`wanted` gave: the override is
-        already in it, and applied again to the same value)."""
+        the pod's desired state when its health calls for ``health`` (the override first;
+        none where nothing is wanted)."""
         pod = self._pods.get(key)
         if pod is None:
             return []
         return [
             (kind, self.carried(key, kind), value)
-            for kind, value in self._desired(pod, wanted).targets()
+            for kind, value in self._desired(pod, health).targets()
         ]
 
     def pod(self, key: PodKey) -> PodInfo | None:
