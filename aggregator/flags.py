@@ -6,6 +6,7 @@ its own small settings object from the wiring.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import ClassVar
@@ -336,8 +337,7 @@ class AggregatorFlags:
         if not self.auth_audience:
             raise ValueError("--auth-audience must not be empty")
         for account in self.auth_node_agent_service_account:
-            namespace, slash, name = account.partition("/")
-            if not slash or not namespace or not name or "/" in name:
+            if not re.fullmatch(r"[^/]+/[^/]+", account):
                 raise ValueError(
                     f"--auth-node-agent-service-account {account!r} is not NAMESPACE/NAME"
                 )

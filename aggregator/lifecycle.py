@@ -92,11 +92,9 @@ def not_ready(phase: Phase, label_settled: bool = True) -> str | None:
     readiness, so a Ready standby gets none; readiness says the replica is healthy, for a
     PodDisruptionBudget and ``kubectl rollout status``. Not Ready while starting (without
     leader election: the first pod list), stepping down and stopping."""
-    if phase is Phase.LEADING:
+    if phase is Phase.LEADING or (phase is Phase.STANDBY and label_settled):
         return None
     if phase is Phase.STANDBY:
-        if label_settled:
-            return None
         return "standby: removing a stale leader label from its own pod"
     if phase is Phase.STARTING:
         return "starting: listing the pods"

@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Coroutine
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 import grpc
@@ -94,50 +94,36 @@ class Election:
     label: LeaderLabel | None = None
 
 
+@dataclass(eq=False, repr=False)
 class Aggregator:
     """One aggregator process: ``await start()`` (or ``open()``, which does not wait for the
     first pod list), then ``await stop()`` (which drains)."""
 
-    def __init__(
-        self,
-        settings: PortSettings,
-        *,
-        lifecycle: Lifecycle,
-        core: Core,
-        registry: PodRegistry,
-        metrics: Metrics,
-        puller: Puller,
-        expiry: ExpiryLoop,
-        reports: ReportService,
-        inspection: InspectionService,
-        metrics_server: MetricsServer | None,
-        guard: Guard | None,
-        election: Election | None,
-    ) -> None:
-        self._settings = settings
-        self.lifecycle = lifecycle
-        self.core = core
-        self.registry = registry
-        self.metrics = metrics
-        self.puller = puller
-        self._expiry = expiry
-        self._reports = reports
-        self._inspection = inspection
-        self.metrics_server = metrics_server
-        self._guard = guard
-        self.election = election
-        self.health = health.aio.HealthServicer()
-        self.port = 0
-        #: With --tls-cert: the fetcher that reloads rotated certificate files (kept alive
-        #: here: gRPC's C core calls it at each handshake).
-        self._tls: ReloadingServerCertificate | None = None
-        self._server: grpc.aio.Server | None = None
-        self._finished = asyncio.Event()
-        self._electing: asyncio.Task[None] | None = None
-        #: Without leader election: the first pod list, then leading (stop() may cancel it).
-        self._syncing: asyncio.Task[None] | None = None
-        #: Why leading failed without leader election (a bug; see _lead_at_once).
-        self._failed: str | None = None
+    settings: PortSettings
+    _: KW_ONLY
+    lifecycle: Lifecycle
+    core: Core
+    registry: PodRegistry
+    metrics: Metrics
+    puller: Puller
+    expiry: ExpiryLoop
+    reports: ReportService
+    inspection: InspectionService
+    metrics_server: MetricsServer | None
+    guard: Guard | None
+    election: Election | None
+    health: health.aio.HealthServicer = field(init=False, default_factory=health.aio.HealthServicer)
+    port: int = field(init=False, default=0)
+    #: With --tls-cert: the fetcher that reloads rotated certificate files (kept alive
+    #: here: gRPC's C core calls it at each handshake).
+    _tls: ReloadingServerCertificate | None = field(init=False, default=None)
+    _server: grpc.aio.Server | None = field(init=False, default=None)
+    _finished: asyncio.Event = field(init=False, default_factory=asyncio.Event)
+    _electing: asyncio.Task[None] | None = field(init=False, default=None)
+    #: Without leader election: the first pod list, then leading (stop() may cancel it).
+    _syncing: asyncio.Task[None] | None = field(init=False, default=None)
+    #: Why leading failed without leader election (a bug; see _lead_at_once).
+    _failed: str | None = field(init=False, default=None)
 
     @property
     def lost(self) -> str | None:
@@ -176,10 +162,10 @@ class Aggregator:
             await asyncio.wait((self._syncing,))  # also ends when stop() cancels it
 
     async def _open(self) -> None:
-        settings = self._settings
+        settings = self.settings
         server = self._server = grpc.aio.server(options=server_options(settings.grpc))
-        self._reports.register(server)  # undecodable messages: INVALID_ARGUMENT, not INTERNAL
-        pb_grpc.add_InspectionServiceServicer_to_server(self._inspection, server)
+        self.reports.register(server)  # undecodable messages: INVALID_ARGUMENT, not INTERNAL
+        pb_grpc.add_InspectionServiceServicer_to_server(self.inspection, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection((*SERVICE_NAMES, reflection.SERVICE_NAME), server)
         self.port, self._tls = await add_grpc_port(
@@ -203,7 +189,7 @@ class Aggregator:
             self._syncing = asyncio.create_task(self._lead_at_once(), name="first-pod-list")
 
     def _log_start(self) -> None:
-        settings = self._settings
+        settings = self.settings
         metrics = host_port(*self.metrics_server.address) if self.metrics_server else "off"
         log.info(
             "aggregator %s listening on %s (%s, metrics %s), backend %s, label %s",
@@ -232,14 +218,10 @@ class Aggregator:
         previous = self.election.elector.previous if self.election is not None else None
         count_agent_writes(self.registry, previous, self.metrics)
         if self.registry.seeds_from_cluster:
-            self.core.hold_expiry(self._settings.startup_grace)
-
-    def _start_leader_tasks(self) -> None:
-        self._expiry.start()
-        self.puller.start(self.core)
+            self.core.hold_expiry(self.settings.startup_grace)
 
     async def _stop_leader_tasks(self) -> None:
-        await self._expiry.stop()
+        await self.expiry.stop()
         await self.puller.stop()
 
     async def _lead_at_once(self) -> None:
@@ -298,7 +280,8 @@ class Aggregator:
         """List the pods (retried until the API answers), then lead: expiry, pulls, reports,
         ``""`` SERVING."""
         await self._start_registry()
-        self._start_leader_tasks()
+        self.expiry.start()
+        self.puller.start(self.core)
         self.lifecycle.move_to(Phase.LEADING, why)
         if self.election is None:
             self.metrics.leader.set(1)
@@ -328,7 +311,7 @@ class Aggregator:
             for name in LEADER_ONLY:
                 await self.health.set(name, NOT_SERVING)
             await self._drop_label()
-            self._reports.close_streams()
+            self.reports.close_streams()
             await self._stop_leader_tasks()
         finally:
             self._finished.set()
@@ -351,7 +334,7 @@ class Aggregator:
         await self.health.enter_graceful_shutdown()
         await self._drop_label()  # first: the Service stops sending agents here
         self.core.close_watchers()
-        self._reports.close_streams()
+        self.reports.close_streams()
         await self._stop_leader_tasks()
         await self.registry.stop()
         if self.election is not None:
@@ -364,14 +347,14 @@ class Aggregator:
             # each client to ack the PING of its GOAWAY, so one raw client that never does (a
             # Report stream that never said hello, an idle connection) held the exit for it.
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self._settings.shutdown_grace):
-                    await self._reports.closed()
-                    await self._inspection.idle()
+                async with asyncio.timeout(self.settings.shutdown_grace):
+                    await self.reports.closed()
+                    await self.inspection.idle()
             await self._server.stop(None)  # what is left (health watches) is cancelled
         if self.metrics_server is not None:
             await self.metrics_server.stop()
-        if self._guard is not None:
-            self._guard.close()
+        if self.guard is not None:
+            self.guard.close()
         self.lifecycle.move_to(Phase.STOPPED, "aggregator stopped")
         self._finished.set()
         log.info("aggregator stopped")
