@@ -11,7 +11,7 @@ writes to the writer.
 An agent that has nothing to write sends nothing (issue 26): the Lease is read only once a
 write is wanted; a sidecar reads its pod only if no aggregator told it what the pod carries,
 or the pod changed since (a conditional write answered 409), and watches it only while a manual
-override holds back a write (to see the override go). Every request waits for the agent's share
+override decides for it (to see the override go). Every request waits for the agent's share
 of the fleet's API budget (:mod:`node_agent.fallback.budget`).
 
 The writer, and with it the Kubernetes client, is made only when the first request is due
@@ -301,8 +301,7 @@ class FallbackRunner:
             self._wake.set()
 
     async def _follow(self, writer: WriterLike, key: PodKey) -> None:
-        """A sidecar's pod while an override holds a write back (cancelled when fallback
-        ends)."""
+        """A sidecar's pod while an override decides for it (cancelled when fallback ends)."""
         try:
             await writer.follow_pod(key, self._own_pod_seen, self.pod_gone)
         except Exception:  # a surprise: fallback goes on with what was seen
