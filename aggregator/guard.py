@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, NoReturn
 
 import grpc
@@ -79,27 +79,24 @@ class StreamGrant:
     node: str | None
 
 
+@dataclass(eq=False)
 class Guard:
     """Token checks for the gRPC services; every refusal ends the call (``context.abort``)."""
 
-    def __init__(
-        self,
-        reviewer: TokenReviewer,
-        metrics: Metrics,
-        *,
-        knows_nodes: bool,
-        node_agents: Collection[str],
-        close: Callable[[], None],
-    ) -> None:
-        self.reviewer = reviewer
-        self._metrics = metrics
-        #: Whether the backend knows each pod's node (without that, no DaemonSet agent's
-        #: report could be bound to its node, so none is accepted).
-        self._knows_nodes = knows_nodes
-        self._node_agents = frozenset(node_agents)
-        #: Closes the TokenReview client (on stop).
-        self.close = close
-        self._logged: OrderedDict[tuple[str, str, str], None] = OrderedDict()
+    reviewer: TokenReviewer
+    metrics: Metrics
+    _: KW_ONLY
+    #: Whether the backend knows each pod's node (without that, no DaemonSet agent's report
+    #: could be bound to its node, so none is accepted).
+    knows_nodes: bool
+    #: The ServiceAccounts (``NAMESPACE/NAME``) that may report as DaemonSet agents.
+    node_agents: Collection[str]
+    #: Closes the TokenReview client (on stop).
+    close: Callable[[], None]
+    #: Client addresses and kinds whose refusal was logged (least recently refused first out).
+    _logged: OrderedDict[tuple[str, str, str], None] = field(
+        init=False, default_factory=OrderedDict
+    )
 
     # -- the services' entry points -------------------------------------------------------
 
@@ -122,18 +119,18 @@ class Guard:
                 pod=(hello.pod.namespace, hello.pod.name) if sidecar else None,
                 pod_uid=hello.pod.uid,
                 node_name=hello.node_name,
-                node_agents=self._node_agents,
-                knows_nodes=self._knows_nodes,
+                node_agents=self.node_agents,
+                knows_nodes=self.knows_nodes,
             )
         except AuthError as error:
             await self.refuse(context, "report", error)
-        self._metrics.auth.labels("report", "ok").inc()
+        self.metrics.auth.labels("report", "ok").inc()
         log.debug("report stream from %s: %s", context.peer(), verified.identity)
         return StreamGrant(verified.identity, verified.expires_at, node)
 
     async def expired(self, context: grpc.aio.ServicerContext) -> NoReturn:
         """End a Report stream whose token expired; the agent reconnects with its new one."""
-        self._metrics.auth.labels("report", "expired").inc()
+        self.metrics.auth.labels("report", "expired").inc()
         log.debug("ending the report stream of %s: its token expired", context.peer())
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, TOKEN_EXPIRED)
         raise AssertionError("unreachable")  # pragma: no cover - abort raises
@@ -144,7 +141,7 @@ class Guard:
             verified = await self.reviewer.verify(bearer_token(context.invocation_metadata()))
         except AuthError as error:
             await self.refuse(context, service, error)
-        self._metrics.auth.labels(service, "ok").inc()
+        self.metrics.auth.labels(service, "ok").inc()
         return verified.identity
 
     # -- refusals -------------------------------------------------------------------------
@@ -155,7 +152,7 @@ class Guard:
         """End the call with the status of ``error``: counted, and logged once per client
         address and kind."""
         code = CODES.get(type(error), grpc.StatusCode.UNAUTHENTICATED)
-        self._metrics.auth.labels(service, error.result).inc()
+        self.metrics.auth.labels(service, error.result).inc()
         peer = context.peer()
         key = (peer_host(peer), service, error.result)
         if key in self._logged:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import KW_ONLY, dataclass, field
 
 import grpc
 
@@ -34,27 +35,19 @@ def _state_name(number: int) -> str:
     return pb.ServeState.Name(number) if number in pb.ServeState.values() else str(number)
 
 
+@dataclass(eq=False)
 class InspectionService(pb_grpc.InspectionServiceServicer):
-    def __init__(
-        self,
-        core: Core,
-        label_key: str,
-        wall_clock: Callable[[], float] = time.time,
-        *,
-        guard: Guard | None,
-        shadow: ShadowView,
-        registry: PodRegistry,
-    ) -> None:
-        self._core = core
-        self._label_key = label_key
-        self._wall_clock = wall_clock
-        #: --inspection-auth tokenreview: each call must carry a genuine token (None: open).
-        self._guard = guard
-        self._calls = CallsInFlight()
-        #: Shadow mode and drift: Pod.carried, Summary.dry_run and would_*.
-        self._shadow = shadow
-        #: Manual overrides: Pod.override, its wanted value and reason; Summary.overridden_*.
-        self._registry = registry
+    core: Core
+    label_key: str
+    wall_clock: Callable[[], float] = time.time
+    _: KW_ONLY
+    #: --inspection-auth tokenreview: each call must carry a genuine token (None: open).
+    guard: Guard | None
+    #: Shadow mode and drift: Pod.carried, Summary.dry_run and would_*.
+    shadow: ShadowView
+    #: Manual overrides: Pod.override, its wanted value and reason; Summary.overridden_*.
+    registry: PodRegistry
+    _calls: CallsInFlight = field(init=False, default_factory=CallsInFlight)
 
     async def idle(self) -> None:
         """Until no inspection call is in flight (a drain waits for them)."""
@@ -63,20 +56,20 @@ class InspectionService(pb_grpc.InspectionServiceServicer):
     async def _begin(self, context: grpc.aio.ServicerContext) -> None:
         """Every call starts here: counted while in flight, then its token checked."""
         self._calls.started(context)
-        if self._guard is not None:
-            await self._guard.admit_call(context, "inspection")
+        if self.guard is not None:
+            await self.guard.admit_call(context, "inspection")
 
     def _clocks(self) -> tuple[float, float]:
-        return self._core.now(), self._wall_clock()
+        return self.core.now(), self.wall_clock()
 
     def _pod(self, record: PodRecord, now: float, wall: float) -> pb.Pod:
         message = wire.pod_message(record, now, wall)
-        message.carried = self._shadow.carried(record.key)
-        view = self._registry.view(record.key)
+        message.carried = self.shadow.carried(record.key)
+        view = self.registry.view(record.key)
         if view is not None:  # the kubelet's side (issue 27): a backend that watches pods
             message.kubelet_checks_serve = view.kubelet_checks_serve
             message.kubelet_ready = view.kubelet_ready
-        found = self._registry.override(record.key)
+        found = self.registry.override(record.key)
         if found.label is not None:  # the probed state stays; the rest says "override"
             message.override = str(found.value)
             message.desired_label = found.label
@@ -97,7 +90,7 @@ class InspectionService(pb_grpc.InspectionServiceServicer):
         now, wall = self._clocks()
         pods = [
             self._pod(record, now, wall)
-            for record in self._core.pods()
+            for record in self.core.pods()
             if (not request.namespace or record.key.namespace == request.namespace)
             and (not states or int(record.state) in states)
         ]
@@ -110,7 +103,7 @@ class InspectionService(pb_grpc.InspectionServiceServicer):
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, "namespace and name are both required"
             )
-        record = self._core.pod(PodKey(request.namespace, request.name))
+        record = self.core.pod(PodKey(request.namespace, request.name))
         if record is None:
             await context.abort(
                 grpc.StatusCode.NOT_FOUND,
@@ -123,25 +116,25 @@ class InspectionService(pb_grpc.InspectionServiceServicer):
         self, request: pb.GetSummaryRequest, context: grpc.aio.ServicerContext
     ) -> pb.Summary:
         await self._begin(context)
-        summary = self._core.summary()
-        shadow = self._shadow.disagreements()
-        overridden = self._registry.overrides()
+        summary = self.core.summary()
+        shadow = self.shadow.disagreements()
+        overridden = self.registry.overrides()
         return pb.Summary(
             pods=sum(summary.counts.values()),
             pods_by_state={
                 pb.ServeState.Name(int(state)): summary.counts[state] for state in ServeState
             },
             agents_connected=summary.agents_connected,
-            label_key=self._label_key,
+            label_key=self.label_key,
             panic=summary.panic,
             pods_in_pull_mode=summary.pods_in_pull_mode,
             panic_held_writes=summary.panic_held_writes,
-            dry_run=self._shadow.dry_run,
+            dry_run=self.shadow.dry_run,
             would_enter=shadow.would_enter,
             would_leave=shadow.would_leave,
             overridden_out_of_service=overridden.get(override.OUT_OF_SERVICE, 0),
             overridden_in_service=overridden.get(override.IN_SERVICE, 0),
-            pods_kubelet_checks_serve=self._registry.pods_kubelet_checks_serve(),
+            pods_kubelet_checks_serve=self.registry.pods_kubelet_checks_serve(),
         )
 
     async def WatchTransitions(
@@ -149,7 +142,7 @@ class InspectionService(pb_grpc.InspectionServiceServicer):
     ) -> AsyncIterator[pb.Transition]:
         await self._begin(context)
         try:
-            async for transition in self._core.watch(request.namespace):
+            async for transition in self.core.watch(request.namespace):
                 yield wire.transition_message(transition, *self._clocks())
         except WatcherTooSlow as error:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(error))
