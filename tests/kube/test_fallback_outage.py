@@ -187,6 +187,39 @@ async def test_an_override_added_during_the_outage_is_honoured(
     assert condition_patches(kube, "worker") == [*refused, "False"]
 
 
+async def test_an_out_of_service_override_is_written_during_the_outage(
+    kube_emulator: KubeEmulator,
+    kubeconfig_path: Path,
+    proxies: ProxyPool,
+    processes: list[harness.Process],
+    tmp_path: Path,
+) -> None:
+    """As the aggregator would (issue 25: both programs write the same): the override decides
+    against the probes, which say SERVING; taken off during the outage (the sidecar follows its
+    pod while an override decides), the probes decide again."""
+    kube = kube_emulator
+    [proxy] = await proxies.start(1)
+    pod = add_pod(
+        kube,
+        "worker",
+        proxy,
+        readiness_gates=[GATE],
+        conditions=READY,
+        annotations={OVERRIDE: "out-of-service"},
+    )
+    nowhere = f"127.0.0.1:{refused_port()}"  # no aggregator answers there
+    agent = spawn_sidecar(
+        tmp_path, nowhere, proxy, pod, kubeconfig_path, "--fallback-write=condition"
+    )
+    processes.append(agent)
+    await eventually(lambda: FALLBACK_BEGAN.search(agent.log_text()), 15)
+    await eventually(lambda: condition(kube, "worker") == "False", 20)
+    assert "override out-of-service" in agent.log_text(), agent.tail()
+    annotate(kube, "worker", None)  # taken off: the probes (SERVING) decide again
+    await eventually(lambda: condition(kube, "worker") == "True", 20)
+    assert condition_patches(kube, "worker") == ["False", "True"]
+
+
 async def test_an_override_value_the_aggregator_ignores_is_ignored(
     kube_emulator: KubeEmulator,
     kubeconfig_path: Path,
