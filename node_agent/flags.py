@@ -28,20 +28,18 @@ def check_address(address: str) -> None:
     """Raise ValueError unless ``address`` is HOST:PORT with a port 1-65535 (``[::1]:50051``
     for an IPv6 address): what was accepted before and failed only at every connection."""
     host, _, port = address.rpartition(":")
-    bracketed = host.startswith("[") and host.endswith("]")
-    valid = bool(_PORT.fullmatch(port)) and 1 <= int(port) <= 65535
-    if bracketed:
-        try:
-            valid = valid and ipaddress.ip_address(host[1:-1]).version == 6
-        except ValueError:
-            valid = False
-    else:
-        valid = valid and bool(_HOST.fullmatch(host))
-    if not valid:
+    try:
+        if not (_PORT.fullmatch(port) and 1 <= int(port) <= 65535):
+            raise ValueError(port)
+        if host.startswith("[") and host.endswith("]"):
+            ipaddress.IPv6Address(host[1:-1])  # ValueError unless an IPv6 address
+        elif not _HOST.fullmatch(host):
+            raise ValueError(host)
+    except ValueError:
         raise ValueError(
             f"--aggregator: {address[:100]!r} is not HOST:PORT (a port 1-65535; an IPv6 "
             "address in brackets, as [::1]:50051)"
-        )
+        ) from None
 
 
 def check_proxy_url(url: str) -> None:

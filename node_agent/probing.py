@@ -8,6 +8,7 @@ import math
 import random
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import KW_ONLY, dataclass, field
 
 from node_agent.watchdog import Watchdog
 from servehealth_common.backoff import jittered_below
@@ -31,6 +32,7 @@ def next_tick(after: float, phase: float, interval: float) -> float:
     return phase + (math.floor((after - phase) / interval) + 1) * interval
 
 
+@dataclass(eq=False)
 class PodProbe:
     """Probes the proxy at ``url`` (and the gRPC proxy at ``grpc_address``, if any: the pod is
     SERVING when both are) and keeps the latest result: at least one probe starts every
@@ -57,68 +59,52 @@ class PodProbe:
     (replaced in tests, which drive the loop without real waits).
     """
 
-    def __init__(
-        self,
-        url: str,
-        prober: Prober,
-        *,
-        interval: float,
-        confirm_delay: float,
-        on_result: OnResult,
-        rng: random.Random,
-        name: str,
-        grid_phase: float | None = None,
-        grpc_address: str | None = None,
-        watchdog: Watchdog | None = None,
-        on_turn: OnTurn = lambda state, seconds: None,
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-    ) -> None:
-        self.url = url
-        self.grpc_address = grpc_address
-        self.name = name
-        self.latest: ProbeResult | None = None
-        self._prober = prober
-        self._interval = interval
-        self._confirm_delay = confirm_delay
-        self._on_result = on_result
-        self._rng = rng
-        self._grid_phase = grid_phase
-        self._tick: float | None = None  # the grid tick the loop last waited for
-        self._watchdog = watchdog
-        self._on_turn = on_turn
-        self._clock = clock
-        self._sleep = sleep
+    url: str
+    prober: Prober
+    _: KW_ONLY
+    interval: float
+    confirm_delay: float
+    on_result: OnResult
+    rng: random.Random
+    name: str
+    grid_phase: float | None = None
+    grpc_address: str | None = None
+    watchdog: Watchdog | None = None
+    on_turn: OnTurn = lambda state, seconds: None
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    latest: ProbeResult | None = field(default=None, init=False)
+    _tick: float | None = field(default=None, init=False)  # the grid tick last waited for
 
     async def probe_once(self) -> ProbeResult:
         """One probe (confirmed if it fails anew); does not update :attr:`latest`."""
         previous = self.latest.state if self.latest is not None else None
-        return await self._prober.probe_confirmed(
-            self.url, previous, self._confirm_delay, self.grpc_address
+        return await self.prober.probe_confirmed(
+            self.url, previous, self.confirm_delay, self.grpc_address
         )
 
     async def run(self) -> None:
-        watchdog = self._watchdog
+        watchdog = self.watchdog
         if watchdog is not None:
             watchdog.probe_loop_started()
         try:
             while True:
-                started = self._clock()
+                started = self.clock()
                 result = await self._probe_and_publish()
                 if watchdog is not None:
                     watchdog.probed()
                 if result is not None:
-                    self._on_turn(result.state, max(0.0, self._clock() - started))
-                await self._sleep(max(0.0, self._next_start(started) - self._clock()))
+                    self.on_turn(result.state, max(0.0, self.clock() - started))
+                await self.sleep(max(0.0, self._next_start(started) - self.clock()))
         finally:
             if watchdog is not None:
                 watchdog.probe_loop_ended()
 
     def _next_start(self, started: float) -> float:
-        if self._grid_phase is None:
-            return started + jittered_below(self._interval, self._rng)
+        if self.grid_phase is None:
+            return started + jittered_below(self.interval, self.rng)
         after = started if self._tick is None else max(started, self._tick)
-        self._tick = next_tick(after + TICK_EPSILON, self._grid_phase, self._interval)
+        self._tick = next_tick(after + TICK_EPSILON, self.grid_phase, self.interval)
         return self._tick
 
     async def _probe_and_publish(self) -> ProbeResult | None:
@@ -149,5 +135,5 @@ class PodProbe:
                 result.http_status or "-",
                 result.reason,
             )
-        self._on_result(result, changed)
+        self.on_result(result, changed)
         return result

@@ -294,20 +294,18 @@ class ReportClient:
         resync = settings.resync_interval.ToNanoseconds() / 1e9
         on_change = resync > 0
         interval = resync if on_change else settings.heartbeat_interval.ToNanoseconds() / 1e9
-        interval = max(interval, MIN_HEARTBEAT_INTERVAL) if interval > 0 else 0
+        # No interval (0) keeps the one before.
+        interval = (
+            max(interval, MIN_HEARTBEAT_INTERVAL) if interval > 0 else self.full_send_interval
+        )
         per_change = max(1, settings.reports_per_change) if on_change else 1
         per_failure = max(1, settings.reports_per_failure or per_change) if on_change else 1
         outbox = self.outbox
-        if (interval or self.full_send_interval, on_change, per_change, per_failure) == (
-            self.full_send_interval,
-            self.on_change,
-            outbox.reports_per_change,
-            outbox.reports_per_failure,
-        ):
+        before = self.full_send_interval, self.on_change
+        counts = outbox.reports_per_change, outbox.reports_per_failure
+        if (interval, on_change, per_change, per_failure) == (*before, *counts):
             return
-        if interval:
-            self.full_send_interval = interval
-        self.on_change = on_change
+        self.full_send_interval, self.on_change = interval, on_change
         outbox.reports_per_change, outbox.reports_per_failure = per_change, per_failure
         if on_change:
             log.info(

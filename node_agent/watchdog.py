@@ -120,10 +120,8 @@ def _write_stderr(message: str) -> None:
         os.write(sys.stderr.fileno(), message.encode())
 
 
-def start(watchdog: Watchdog) -> threading.Thread:
+def start(watchdog: Watchdog) -> None:
     """Start the watchdog thread (a daemon: it never keeps the process alive)."""
-    thread = threading.Thread(
+    threading.Thread(
         target=watch_forever, args=(watchdog, exit_stalled), name="watchdog", daemon=True
-    )
-    thread.start()
-    return thread
+    ).start()

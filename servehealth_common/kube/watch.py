@@ -17,6 +17,7 @@ import contextlib
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable, Hashable
+from dataclasses import KW_ONLY, dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 from servehealth_common.backoff import Backoff
@@ -36,36 +37,27 @@ class Keyed(Protocol):
 P = TypeVar("P", bound=Keyed)
 
 
+@dataclass(eq=False)
 class PodWatch(Generic[P]):
     """Pods parsed by ``parse`` go to ``upsert`` (new or changed) and ``delete`` (gone, with
     the last version seen). ``on_restart(reason)`` counts watch restarts: ``ended``, ``gone``
     (410, re-listed) or ``error``. An error ``fatal`` says is one (e.g. a 403 an agent cannot
     fix by retrying) ends :meth:`run` with it instead of being retried."""
 
-    def __init__(
-        self,
-        client: KubeClient,
-        *,
-        namespaces: tuple[str, ...],
-        label_selector: str,
-        parse: Callable[[dict[str, Any]], P],
-        upsert: Callable[[P], None],
-        delete: Callable[[P], None],
-        field_selector: str | None = None,
-        on_restart: Callable[[str], None] = lambda reason: None,
-        watch_timeout: int = 300,
-        fatal: Callable[[APIError], bool] = lambda error: False,
-    ) -> None:
-        self._client = client
-        self._scopes: tuple[str | None, ...] = namespaces or (None,)
-        self._selector = label_selector
-        self._field_selector = field_selector
-        self._parse = parse
-        self._upsert = upsert
-        self._delete = delete
-        self._on_restart = on_restart
-        self._watch_timeout = watch_timeout
-        self._fatal = fatal
+    client: KubeClient
+    _: KW_ONLY
+    namespaces: tuple[str, ...]
+    label_selector: str
+    parse: Callable[[dict[str, Any]], P]
+    upsert: Callable[[P], None]
+    delete: Callable[[P], None]
+    field_selector: str | None = None
+    on_restart: Callable[[str], None] = lambda reason: None
+    watch_timeout: int = 300
+    fatal: Callable[[APIError], bool] = lambda error: False
+
+    def __post_init__(self) -> None:
+        self._scopes: tuple[str | None, ...] = self.namespaces or (None,)
         self._known: dict[str | None, dict[Hashable, P]] = {scope: {} for scope in self._scopes}
         self._versions: dict[str | None, str] = {}
         self._stopping = threading.Event()
@@ -91,7 +83,7 @@ class PodWatch(Generic[P]):
                     await self._relist(scope, failures.ended())
                     break
                 except APIError as error:
-                    if self._fatal(error):
+                    if self.fatal(error):
                         raise
                     delay = backoff.next()
                     failures.failed(error, delay)
@@ -108,19 +100,21 @@ class PodWatch(Generic[P]):
 
     def _describe(self, scope: str | None) -> str:
         where = f"namespace {scope}" if scope else "all namespaces"
-        fields = f", fields {self._field_selector!r}" if self._field_selector else ""
-        return f"{where}, selector {self._selector!r}{fields}"
+        fields = f", fields {self.field_selector!r}" if self.field_selector else ""
+        return f"{where}, selector {self.label_selector!r}{fields}"
 
     async def _relist(self, scope: str | None, after: str = "") -> None:
-        items, version = await self._client.list_pods(scope, self._selector, self._field_selector)
+        items, version = await self.client.list_pods(
+            scope, self.label_selector, self.field_selector
+        )
         seen: dict[Hashable, P] = {}
         for item in items:
-            pod = self._parse(item)
+            pod = self.parse(item)
             seen[pod.key] = pod
-            self._upsert(pod)
+            self.upsert(pod)
         for key, pod in self._known[scope].items():
             if key not in seen:
-                self._delete(pod)
+                self.delete(pod)
         self._known[scope] = seen
         self._versions[scope] = version
         log.info(
@@ -138,21 +132,21 @@ class PodWatch(Generic[P]):
                 async for event in self._events(scope):
                     self._handle(scope, event)
                     backoff.reset()
-                self._on_restart("ended")
+                self.on_restart("ended")
             except APIGoneError:
-                self._on_restart("gone")
+                self.on_restart("gone")
                 log.info("watch history expired (410 Gone); re-listing")
                 try:
                     await self._relist(scope)
                 except APIError as error:
-                    if self._fatal(error):
+                    if self.fatal(error):
                         raise
                     log.warning("re-list failed: %s", error)
                     await asyncio.sleep(backoff.next())
             except APIError as error:
-                if self._fatal(error):
+                if self.fatal(error):
                     raise
-                self._on_restart("error")
+                self.on_restart("error")
                 delay = backoff.next()
                 log.warning("pod watch failed: %s (resuming in %.1fs)", error, delay)
                 await asyncio.sleep(delay)
@@ -169,14 +163,14 @@ class PodWatch(Generic[P]):
             self._versions[scope] = str(version)
         if kind == "BOOKMARK":
             return
-        pod = self._parse(obj)
+        pod = self.parse(obj)
         known = self._known[scope]
         if kind == "DELETED":
             known.pop(pod.key, None)
-            self._delete(pod)
+            self.delete(pod)
         elif kind in ("ADDED", "MODIFIED"):
             known[pod.key] = pod
-            self._upsert(pod)
+            self.upsert(pod)
 
     async def _events(self, scope: str | None) -> AsyncIterator[dict[str, Any]]:
         """Events of one watch request, read by a daemon thread and handed to this loop."""
@@ -190,8 +184,8 @@ class PodWatch(Generic[P]):
 
         def pump() -> None:
             try:
-                for event in self._client.watch_pods(
-                    scope, self._selector, version, self._watch_timeout, self._field_selector
+                for event in self.client.watch_pods(
+                    scope, self.label_selector, version, self.watch_timeout, self.field_selector
                 ):
                     if self._stopping.is_set():
                         break

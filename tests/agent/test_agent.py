@@ -214,7 +214,7 @@ async def test_probe_once_confirms_a_refused_connection(
     probe = make_agent(f"http://127.0.0.1:{refused_port()}/-/healthz").probe
     # Nothing listens, so nothing on the other end counts the probes: the prober's probes that
     # ran to their end are counted here (a hedge cancelled unused is not).
-    prober = probe._prober
+    prober = probe.prober
     ended: list[ServeState] = []
     real = prober._probe_in_turn
 
