@@ -37,8 +37,6 @@ from typing import Any, Generic, TypeVar
 from aggregator.metrics import Metrics
 from servehealth_common.tokens import expiry, jwt_claims
 
-#: The audience agents' projected tokens are issued for (``--auth-audience``).
-DEFAULT_AUDIENCE = "ray-serve-health"
 SERVICE_ACCOUNT_PREFIX = "system:serviceaccount:"
 POD_NAME = "authentication.kubernetes.io/pod-name"
 POD_UID = "authentication.kubernetes.io/pod-uid"

@@ -69,6 +69,15 @@ LEADER_ONLY = ("", SERVICE_NAMES[0])
 LIVENESS = "liveness"
 
 
+async def _cancel(*tasks: asyncio.Task[Any] | None) -> None:
+    """Cancel each task and wait until it ended (what it raised is logged where it ran)."""
+    for task in tasks:
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+
 @dataclass(frozen=True, slots=True)
 class PortSettings:
     """The gRPC port: where, with which certificates, how long a drain waits."""
@@ -271,10 +280,7 @@ class Aggregator:
                 return f"could not take over as the leader: {error}"
             return await holding
         finally:
-            for task in (holding, taking_over):
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+            await _cancel(holding, taking_over)
 
     async def _take_over(self, why: str) -> None:
         """List the pods (retried until the API answers), then lead: expiry, pulls, reports,
@@ -326,11 +332,7 @@ class Aggregator:
         self.lifecycle.move_to(Phase.STOPPING, why)
         # First: no take-over may start anything from now on (a first pod list still retrying
         # ends here, and start() returns).
-        for task in (self._electing, self._syncing):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):  # logged there
-                    await task
+        await _cancel(self._electing, self._syncing)
         await self.health.enter_graceful_shutdown()
         await self._drop_label()  # first: the Service stops sending agents here
         self.core.close_watchers()

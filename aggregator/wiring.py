@@ -17,7 +17,7 @@ from dataclasses import fields
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from aggregator import __version__
-from aggregator.auth import DEFAULT_AUDIENCE, ReviewUnavailable, TokenReviewer
+from aggregator.auth import ReviewUnavailable, TokenReviewer
 from aggregator.channel_options import GrpcServerSettings
 from aggregator.decision.core import Core, CoreSettings
 from aggregator.decision.resync import ResyncSettings
@@ -210,10 +210,7 @@ def make_guard(flags: AggregatorFlags, metrics: Metrics, *, knows_nodes: bool) -
             ) from None
 
     reviewer = TokenReviewer(
-        review,
-        flags.auth_audience or DEFAULT_AUDIENCE,
-        metrics,
-        clock=asyncio.get_running_loop().time,
+        review, flags.auth_audience, metrics, clock=asyncio.get_running_loop().time
     )
     return Guard(
         reviewer,
