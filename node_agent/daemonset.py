@@ -21,7 +21,7 @@ import functools
 import logging
 import random
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from node_agent import __version__
 from node_agent.fallback.decider import Fallback
@@ -113,8 +113,7 @@ class PodTarget:
         return f"{self.namespace}/{self.name}"
 
 
-@dataclass(frozen=True, slots=True)
-class _Probing:
+class _Probing(NamedTuple):
     target: PodTarget
     task: asyncio.Task[None]
 

@@ -77,9 +77,7 @@ class SidecarPod:
     def from_environ(cls, environ: Mapping[str, str]) -> SidecarPod:
         require(environ, REQUIRED)
         check_pod(environ["POD_NAMESPACE"], environ["POD_NAME"])
-        return cls(
-            environ["POD_NAMESPACE"], environ["POD_NAME"], environ["POD_UID"], environ["NODE_NAME"]
-        )
+        return cls(*(environ[name] for name in REQUIRED))  # REQUIRED is in field order
 
     def __str__(self) -> str:
         return f"{self.namespace}/{self.name}"

@@ -56,11 +56,10 @@ async def until_first_ends(
     since = cancels()
     named = itertools.zip_longest(coroutines, names[: len(coroutines)])
     tasks = [asyncio.create_task(coroutine, name=name) for coroutine, name in named]
-    ended: list[asyncio.Task[object]] = []
     try:
         await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        ended = [task for task in tasks if task.done()]
+        ended: list[asyncio.Task[object]] = [task for task in tasks if task.done()]
         await _stop(tasks)
     if cancels() > since:  # cancelled while the tasks were stopping
         raise asyncio.CancelledError

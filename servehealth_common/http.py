@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import ipaddress
 import socket
 import typing
 from typing import NamedTuple
@@ -261,13 +262,11 @@ def _request_with(target: Target, headers: tuple[tuple[str, str], ...]) -> h11.R
 
 
 def _is_ip_address(host: str) -> bool:
-    for family in (socket.AF_INET, socket.AF_INET6):
-        try:
-            socket.inet_pton(family, host)
-        except OSError:
-            continue
-        return True
-    return False
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 class _Connection(asyncio.Protocol):

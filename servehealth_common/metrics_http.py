@@ -55,10 +55,9 @@ class MetricsServerSettings:
             value = getattr(self, name)
             if not 0 < value < math.inf:
                 raise ValueError(f"{name} must be a positive number of seconds, not {value!r}")
-        if self.max_connections < 1:
-            raise ValueError(f"max_connections must be at least 1, not {self.max_connections!r}")
-        if self.max_header_bytes < 1:
-            raise ValueError(f"max_header_bytes must be at least 1, not {self.max_header_bytes!r}")
+        for name in ("max_connections", "max_header_bytes"):
+            if (value := getattr(self, name)) < 1:
+                raise ValueError(f"{name} must be at least 1, not {value!r}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in 0..65535, not {self.port!r}")
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from urllib.parse import urlsplit
 
 from servehealth_common import classify
@@ -77,6 +77,7 @@ def make_session(*, max_idle: int = 256, max_idle_per_host: int = 2) -> HTTPClie
     return HTTPClient(max_idle=max_idle, max_idle_per_host=max_idle_per_host)
 
 
+@dataclass(eq=False)
 class Prober:
     """Answers "what state is the proxy at this URL in?" within ``timeout`` seconds.
 
@@ -86,22 +87,16 @@ class Prober:
     given a ``grpc_address``.
     """
 
-    def __init__(
-        self,
-        session: HTTPClient,
-        timeout: float,
-        clock: Callable[[], float] = time.monotonic,
-        *,
-        concurrency: int = 0,
-        loop_lag_tolerance: float = LOOP_LAG_TOLERANCE,
-        grpc: GrpcHealthz | None = None,
-    ) -> None:
-        self._session = session
-        self._grpc = grpc
-        self._timeout = timeout
-        self._clock = clock
-        self._slots = asyncio.Semaphore(concurrency) if concurrency > 0 else None
-        self._loop_lag_tolerance = loop_lag_tolerance
+    session: HTTPClient
+    timeout: float
+    clock: Callable[[], float] = time.monotonic
+    _: KW_ONLY
+    concurrency: int = 0
+    loop_lag_tolerance: float = LOOP_LAG_TOLERANCE
+    grpc: GrpcHealthz | None = None
+
+    def __post_init__(self) -> None:
+        self._slots = asyncio.Semaphore(self.concurrency) if self.concurrency > 0 else None
 
     async def probe(self, healthz_url: str, grpc_address: str | None = None) -> ProbeResult:
         return await self._probe_in_turn(healthz_url, grpc_address, _Attempt())
@@ -117,7 +112,7 @@ class Prober:
     async def _probe(
         self, healthz_url: str, grpc_address: str | None, attempt: _Attempt
     ) -> ProbeResult:
-        started = attempt.started_at = self._clock()
+        started = attempt.started_at = self.clock()
         if grpc_address is None:
             verdict, status, timed_out = await self._probe_http(healthz_url)
         else:
@@ -127,9 +122,9 @@ class Prober:
             verdict = classify.worse_of(http, grpc, f"gRPC proxy {grpc_address}")
             # The hang test of probe_confirmed looks at the timeout of the half that decided.
             timed_out = http_timed_out if verdict.state is http.state else grpc_timed_out
-        ended = attempt.ended_at = self._clock()
+        ended = attempt.ended_at = self.clock()
         if timed_out:
-            attempt.timeout_seen_late_by = ended - (started + self._timeout)
+            attempt.timeout_seen_late_by = ended - (started + self.timeout)
         return ProbeResult(verdict.state, verdict.reason, status, ended - started)
 
     async def _probe_http(self, healthz_url: str) -> tuple[classify.Verdict, int, bool]:
@@ -137,7 +132,7 @@ class Prober:
         the probe timed out."""
         status = 0
         try:
-            async with asyncio.timeout(self._timeout):
+            async with asyncio.timeout(self.timeout):
                 status, body = await self._get(healthz_url)
                 verdict = classify.classify_healthz(status, body)
                 if verdict.state is ServeState.SERVING:
@@ -147,7 +142,7 @@ class Prober:
                     if routes_status != 200:
                         status = routes_status
         except TimeoutError:  # before OSError, of which it is a subclass
-            return classify.timed_out(self._timeout), status, True
+            return classify.timed_out(self.timeout), status, True
         except ConnectionRefusedError:
             verdict = classify.connection_refused()
         except (OSError, HTTPClientError) as error:
@@ -156,13 +151,13 @@ class Prober:
 
     async def _probe_grpc(self, address: str) -> tuple[classify.Verdict, bool]:
         """The gRPC proxy's verdict, and whether the call timed out."""
-        if self._grpc is None:
+        if self.grpc is None:
             raise RuntimeError("a gRPC address was given to a Prober without a GrpcHealthz")
         try:
-            async with asyncio.timeout(self._timeout):
-                answer = await self._grpc.check(address)
+            async with asyncio.timeout(self.timeout):
+                answer = await self.grpc.check(address)
         except TimeoutError:
-            return classify.timed_out(self._timeout), True
+            return classify.timed_out(self.timeout), True
         return answer.verdict, answer.timed_out
 
     async def probe_confirmed(
@@ -224,9 +219,9 @@ class Prober:
         except BaseException:
             await _cancel(hedge)
             raise
-        lag = self._loop_lag_tolerance
+        lag = self.loop_lag_tolerance
         hang_confirmed = not hedge.done() and first_attempt.hang_confirmed_by(
-            hedge_attempt, hedge_flight=self._timeout - confirm_delay - lag, lag=lag
+            hedge_attempt, hedge_flight=self.timeout - confirm_delay - lag, lag=lag
         )
         if result.serving or result.state is previous or hang_confirmed:
             await _cancel(hedge)
@@ -234,7 +229,7 @@ class Prober:
         return await hedge
 
     async def _get(self, url: str) -> tuple[int, str]:
-        status, body = await self._session.get(url)
+        status, body = await self.session.get(url)
         return status, body.decode(errors="replace")
 
 
