@@ -1,7 +1,7 @@
 """The Kubernetes pod registry: discovery in, label (and condition) writes and events out.
 
 A pod's ``ray-serve-health/override`` annotation (:mod:`aggregator.decision.override`) overrules
-what its health wants: every write of the pod goes through :meth:`KubeRegistry.wanted`, whatever
+what its health wants: every write of the pod goes through :meth:`KubeRegistry.desired`, whatever
 asked for it (a transition, the watch's drift repair, the end of PANIC), and an annotation
 added, removed or changed is applied at once from the watch, PANIC or not."""
 
@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import functools
 import logging
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -20,7 +22,6 @@ from aggregator.decision.serve_view import UNKNOWN, ProxyIntent, proxy_meant
 from aggregator.decision.shadow import Target, WouldBeWrites
 from aggregator.decision.tracker import StateChange
 from aggregator.kube.api import KubeApi
-from aggregator.kube.discovery import Discovery
 from aggregator.kube.events import EventRecorder
 from aggregator.kube.kubelet_probe import KubeletWarnings
 from aggregator.kube.pod_view import pod_view
@@ -36,6 +37,7 @@ from aggregator.pull.serve_view_poller import (
 )
 from aggregator.registry import PodRegistry, PodSink, PodViewFacts
 from servehealth_common import fallback_marks
+from servehealth_common.kube.watch import PodWatch
 from servehealth_common.pod_identity import PodInfo, PodKey
 from servehealth_common.pod_writes.desired import Desired, Known, desired
 from servehealth_common.pod_writes.rule import NO_PROXY_BY_DESIGN, WriteKind
@@ -99,14 +101,15 @@ class KubeRegistry(PodRegistry):
             metrics,
             self,
         )
-        self.discovery = Discovery(
+        #: Discovery: Ray pods listed and watched, parsed once, watch restarts counted.
+        self.discovery = PodWatch(
             api,
             namespaces=settings.namespaces,
-            selector=settings.pod_selector,
-            default_port=settings.proxy_port,
-            metrics=metrics,
+            label_selector=settings.pod_selector,
+            parse=functools.partial(parse_pod, default_port=settings.proxy_port),
             upsert=self._upsert,
-            delete=self._delete,
+            delete=lambda pod: self._delete(pod.key),
+            on_restart=lambda reason: metrics.watch_restarts.labels(reason).inc(),
             watch_timeout=settings.watch_timeout,
         )
         self.events: EventRecorder | ShadowEvents | None = (
@@ -226,12 +229,8 @@ class KubeRegistry(PodRegistry):
 
     def overrides(self) -> dict[str, int]:
         """Pods whose override is honoured, by value."""
-        counts: dict[str, int] = {}
-        for pod in self._pods.values():
-            value = pod.writable.override.value
-            if value is not None:
-                counts[value] = counts.get(value, 0) + 1
-        return counts
+        values = (pod.writable.override.value for pod in self._pods.values())
+        return dict(Counter(value for value in values if value is not None))
 
     def _told(self, transition: StateChange) -> bool:
         """Whether ``transition`` changes what the pod is told: its label, or its condition
@@ -354,12 +353,6 @@ class KubeRegistry(PodRegistry):
         if pod.writable.override != before:
             self._override_changed(pod, before, moves)
 
-    def wanted(self, key: PodKey, health: str | None) -> str | None:
-        """What the pod should carry: its override's value, else ``health`` (what the core
-        wants; None: leave it)."""
-        pod = self._pods.get(key)
-        return self._desired(pod, health).value if pod is not None else health
-
     def _override_changed(self, pod: KubePod, before: Override | None, moves: bool) -> None:
         """An Event and a log line for an override applied, removed or ignored. A pod seen for
         the first time (a restart) gets one only if its override moves something."""
@@ -383,9 +376,7 @@ class KubeRegistry(PodRegistry):
 
     def carried(self, key: PodKey, kind: WriteKind) -> str | None:
         pod = self._pods.get(key)
-        if pod is None:
-            return None
-        return pod.writable.carried(kind, self._name(kind))
+        return pod.writable.carried(kind, self._name(kind)) if pod is not None else None
 
     def _name(self, kind: WriteKind) -> str:
         """The label key or condition type this aggregator writes for ``kind``."""

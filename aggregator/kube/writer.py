@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import enum
 import logging
-import random
 import time
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -94,15 +93,13 @@ class Writer:
         settings: WriterSettings,
         metrics: Metrics,
         pods: PodStates,
-        *,
-        rng: random.Random | None = None,
     ) -> None:
         self._api = api
         self.settings = settings
         self._metrics = metrics
         self._pods = pods
         self.limiter = AsyncLimiter(settings.burst, settings.burst / settings.qps)
-        self._queue: KeyedQueue[PodKey] = KeyedQueue(rng=rng)
+        self._queue: KeyedQueue[PodKey] = KeyedQueue()
         #: When each target was first seen to need a write (serve_health_write_delay_seconds).
         self._since: dict[Target, float] = {}
 
@@ -134,8 +131,7 @@ class Writer:
     # -- the work -----------------------------------------------------------------------
 
     async def run(self) -> None:
-        workers = self.settings.concurrency
-        await self._queue.serve(self._reconcile, workers=workers, name="writer")
+        await self._queue.serve(self._reconcile, workers=self.settings.concurrency, name="writer")
 
     async def _reconcile(self, key: PodKey) -> None:
         """Make ``key`` carry what it should: each target on its own (a label refused does not
@@ -210,16 +206,14 @@ class Writer:
             level = logging.WARNING if error.retryable else logging.ERROR
             log.log(level, "%s (attempt %d, retrying in %.2fs)", error, attempt, delay)
 
-    def _label_body(self, key: PodKey, value: str) -> dict[str, Any]:
-        """The label; and, if an agent in fallback wrote it last, the removal of its mark (the
-        annotation): it is no longer the agent's write, and is not counted again at the next
-        take-over or restart."""
-        removed = {fallback_marks.ANNOTATION: None} if self._pods.marked(key) else None
-        return label_patch(self.settings.label_key, value, annotations=removed)
-
     async def _send(self, key: PodKey, kind: WriteKind, value: str, message: str) -> dict[str, Any]:
         if kind is WriteKind.LABEL:
-            return await self._api.patch_pod(key, self._label_body(key, value))
+            # If an agent in fallback wrote the label last, its mark (the annotation) goes: the
+            # label is no longer the agent's write, and is not counted again at the next
+            # take-over or restart.
+            removed = {fallback_marks.ANNOTATION: None} if self._pods.marked(key) else None
+            body = label_patch(self.settings.label_key, value, annotations=removed)
+            return await self._api.patch_pod(key, body)
         status, reason = condition_fields(value)
         body = condition_patch(self.settings.condition_type, status, reason, message, utc_now())
         return await self._api.patch_pod_status(key, body)
