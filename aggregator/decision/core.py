@@ -89,8 +89,6 @@ class Core:
         self._agents: dict[int, bool] = {}
         self._resync = ResyncSchedule(settings.resync)
         tracker.allow_silence(self._resync.kept_ttl)
-        self._reports = metrics.reports
-        self._report_latency = metrics.report_probe_latency
         metrics.track_pods(tracker.counts)
         metrics.track_pull_mode(self.pods_in_pull_mode)
 
@@ -145,10 +143,9 @@ class Core:
         tracker = self._tracker
         if key not in tracker:
             self._admit(PodInfo(key))
-        self._reports.inc()
-        self._report_latency.observe(observation.latency)
-        if observation.state is ServeState.NO_PROXY:
-            observation = self._judged(key, observation)
+        self._metrics.reports.inc()
+        self._metrics.report_probe_latency.observe(observation.latency)
+        observation = self._judged(key, observation)
         transition = tracker.observe(key, observation, stream, kept=self._agents.get(stream, False))
         if transition is None:
             return False
@@ -208,8 +205,6 @@ class Core:
 
     def _forget(self, keys: list[PodKey], why: str) -> None:
         """Forget pods the registry cannot check on (memory backend); PANIC is re-judged."""
-        if not keys:
-            return
         for key in keys:
             log.info("pod %s: %s; forgetting it (%s backend)", key, why, self._registry.name)
             self._tracker.forget(key)
@@ -253,8 +248,7 @@ class Core:
             return
         if record.pushed_at is not None and record.pushed_at > started:
             return
-        if observation.state is ServeState.NO_PROXY:
-            observation = self._judged(key, observation)
+        observation = self._judged(key, observation)
         transition = self._tracker.observe(key, observation)
         if transition is not None:
             self._apply(transition)
@@ -262,8 +256,9 @@ class Core:
     # -- pods with no proxy by design ---------------------------------------------------
 
     def _judged(self, key: PodKey, observation: Observation) -> Observation:
-        """A NO_PROXY observation, judged by the Serve controller's view of the pod's node."""
-        record = self._tracker.get(key)
+        """A NO_PROXY observation, judged by the Serve controller's view of the pod's node;
+        any other, as it is."""
+        record = self._tracker.get(key) if observation.state is ServeState.NO_PROXY else None
         if record is None:
             return observation
         return judged(observation, record, self._registry.proxy_meant(key))

@@ -9,7 +9,6 @@ suspicion that held nothing, and always says how many writes it holds.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 
 from aggregator.metrics import Metrics
 from servehealth_common.pod_identity import PodKey
@@ -27,9 +26,6 @@ class HeldWrites:
 
     def __contains__(self, key: object) -> bool:
         return key in self._held
-
-    def __iter__(self) -> Iterator[PodKey]:
-        return iter(self._held)
 
     def hold(self, key: PodKey, why: str) -> None:
         """Hold the removal of ``key`` (``why``: the cause, for the log); the first one held

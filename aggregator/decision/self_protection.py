@@ -26,13 +26,12 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
 
 from aggregator.decision.fleet_look import SUSPECT_BAD, Looker, LookTally, LookVerdict, Threshold
 from aggregator.decision.held_writes import HeldWrites
-from aggregator.decision.tracker import PodRecord, StateChange
+from aggregator.decision.tracker import StateChange, Tracker
 from aggregator.metrics import Metrics
 from servehealth_common.pod_identity import PodKey
 from servehealth_common.states import ServeState
@@ -41,20 +40,6 @@ log = logging.getLogger(__name__)
 
 #: Make ``key`` carry ``label``: :meth:`aggregator.registry.PodRegistry.desire`.
 Write = Callable[[PodKey, str, StateChange | None], None]
-
-
-class Fleet(Protocol):
-    """What self-protection reads of the tracker."""
-
-    def __len__(self) -> int: ...
-
-    def get(self, key: PodKey) -> PodRecord | None: ...
-
-    def records(self) -> Iterator[PodRecord]: ...
-
-    def counts(self) -> dict[ServeState, int]: ...
-
-    def now(self) -> float: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,12 +55,11 @@ class ProtectionSettings:
 class SelfProtection:
     def __init__(
         self,
-        fleet: Fleet,
+        fleet: Tracker,
         looker: Looker,
         write: Write,
         metrics: Metrics,
         settings: ProtectionSettings,
-        rng: random.Random | None = None,
     ) -> None:
         self._fleet = fleet
         self._looker = looker
@@ -83,7 +67,7 @@ class SelfProtection:
         self._metrics = metrics
         self._settings = settings
         self._threshold = Threshold(settings.threshold, settings.min_pods)
-        self._rng = rng or random.Random()
+        self._rng = random.Random()
         self._held = HeldWrites(metrics)
         self._suspecting = False  # PANIC's rule holds; visible once a write is held
         self._why = ""  # what began it, for the log line of the first write held
@@ -117,7 +101,7 @@ class SelfProtection:
     def remove(self, key: PodKey, transition: StateChange) -> None:
         """A suspect failure asks to take ``key`` out of service."""
         if self._suspecting:
-            self._hold(key)
+            self._held.hold(key, self._why)
         elif len(self._fleet) < self._threshold.min_pods:
             self._release(key, transition)  # too few pods to ever panic
         else:
@@ -135,7 +119,7 @@ class SelfProtection:
             and record is not None
             and record.state in SUSPECT_BAD
         ):
-            self._hold(key)
+            self._held.hold(key, self._why)
             return
         self._pending.pop(key, None)
         self._stale.pop(key, None)
@@ -246,7 +230,7 @@ class SelfProtection:
     def _release(self, key: PodKey, transition: StateChange | None) -> None:
         """Take ``key`` out of service for a suspect failure, unless that reaches the cap."""
         if self._suspecting:
-            self._hold(key)
+            self._held.hold(key, self._why)
             return
         bad, tracked = self._bad_and_tracked()
         # Suspect pods still in service: held, awaiting a verdict, or a fresh failure.
@@ -254,13 +238,10 @@ class SelfProtection:
         out = bad - waiting  # ``key`` included
         if self._threshold.reached(out, tracked):
             self._begin_panic(f"taking pod {key} out would leave {out} of {tracked} pods out")
-            self._hold(key)
+            self._held.hold(key, self._why)
             return
         self._removed_at[key] = self._fleet.now()
         self._write(key, "false", transition)
-
-    def _hold(self, key: PodKey) -> None:
-        self._held.hold(key, self._why)
 
     def _begin_panic(self, why: str) -> None:
         if self._suspecting:
@@ -270,7 +251,7 @@ class SelfProtection:
         log.info("%s: writes that would take a pod out of service are held from now on", why)
         pending, self._pending = self._pending, {}
         for key in pending:
-            self._hold(key)
+            self._held.hold(key, self._why)
         now, window = self._fleet.now(), self._settings.restore_window
         recent = [key for key, at in self._removed_at.items() if now - at <= window]
         self._removed_at.clear()
@@ -285,7 +266,7 @@ class SelfProtection:
                 self._metrics.panic_restored.inc()
                 self._restored.add(key)
                 self._write(key, "true", None)
-                self._hold(key)
+                self._held.hold(key, self._why)
 
     def _end_panic(self, bad: int, tracked: int) -> None:
         self._suspecting = False

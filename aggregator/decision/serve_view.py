@@ -45,10 +45,7 @@ class ServeView:
     proxies: tuple[tuple[str, str], ...] = ()
 
     def status_at(self, ip: str) -> str | None:
-        for node_ip, status in self.proxies:
-            if node_ip == ip:
-                return status
-        return None
+        return dict(self.proxies).get(ip)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,9 +67,7 @@ def parse_view(document: Any) -> ServeView:
     location = document.get("proxy_location")
     if location is not None and location not in LOCATIONS:
         raise BadView(f"unknown proxy_location {location!r}")
-    proxies = document.get("proxies")
-    if proxies is None:
-        proxies = {}
+    proxies = {} if document.get("proxies") is None else document["proxies"]
     if not isinstance(proxies, dict):
         raise BadView("proxies is not an object")
     found: dict[str, str] = {}
@@ -127,14 +122,11 @@ def judge_no_proxy(
     if observed is not ServeState.NO_PROXY:
         return observed, reason
     if verdict.meant is False:
-        return ServeState.NO_PROXY_BY_DESIGN, _with_probe(verdict.reason, reason)
+        evidence = f"{verdict.reason} (probe: {reason})" if reason else verdict.reason
+        return ServeState.NO_PROXY_BY_DESIGN, evidence
     if verdict.meant is None and current is ServeState.NO_PROXY_BY_DESIGN:
         return ServeState.NO_PROXY_BY_DESIGN, current_reason
     return observed, reason
-
-
-def _with_probe(evidence: str, probe: str) -> str:
-    return f"{evidence} (probe: {probe})" if probe else evidence
 
 
 def judged(observation: Observation, record: PodRecord, verdict: ProxyIntent) -> Observation:

@@ -20,6 +20,7 @@ writer may still write it. A removal PANIC holds is not wanted, so it is no disa
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -31,7 +32,6 @@ log = logging.getLogger(__name__)
 #: The direction of a disagreement (``serve_health_shadow_disagreements{direction}``).
 IN = "in"
 OUT = "out"
-DIRECTIONS = (IN, OUT)
 #: ``serve_health_would_be_writes_total{kind}``: what shadow mode did not write.
 WOULD_BE_KINDS = ("label", "condition", "event", "lease")
 
@@ -56,8 +56,6 @@ def in_service(kind: WriteKind, value: str | None) -> bool:
 
 def direction(targets: Sequence[Target]) -> str | None:
     """:data:`IN`, :data:`OUT`, or None (agreement, or nothing written to the pod)."""
-    if not targets:
-        return None
     carried = all(in_service(kind, value) for kind, value, _ in targets)
     wanted = all(in_service(kind, value) for kind, _, value in targets)
     if wanted and not carried:
@@ -82,13 +80,8 @@ def shown(targets: Sequence[Target]) -> str:
 
 
 def tally(directions: Iterable[str | None]) -> Disagreements:
-    enter = leave = 0
-    for found in directions:
-        if found == IN:
-            enter += 1
-        elif found == OUT:
-            leave += 1
-    return Disagreements(enter, leave)
+    counted = Counter(directions)
+    return Disagreements(counted[IN], counted[OUT])
 
 
 class WouldBeWrites:

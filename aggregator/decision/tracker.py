@@ -58,10 +58,6 @@ class TrackerSettings:
     #: The core raises it as the resync interval stretches (:meth:`Tracker.allow_silence`).
     kept_ttl: float = 90.0
 
-    def __post_init__(self) -> None:
-        if self.pull_ttl is None:
-            self.pull_ttl = self.heartbeat_ttl
-
 
 @dataclass(slots=True)
 class PodRecord:
@@ -166,9 +162,8 @@ class Tracker:
     def forget(self, key: PodKey) -> None:
         record = self._records.pop(key, None)
         if record is not None:
-            self._kept.pop(key, None)
-            self._pushed.pop(key, None)
-            self._pulled.pop(key, None)
+            for queue in (self._kept, self._pushed, self._pulled):
+                queue.pop(key, None)
             self._counts[record.state] -= 1
 
     def detach(self, keys: Iterable[PodKey], agent: int) -> None:
@@ -225,8 +220,7 @@ class Tracker:
             queue.move_to_end(key)
         else:
             for other in (self._kept, self._pushed, self._pulled):
-                if other is not queue:
-                    other.pop(key, None)
+                other.pop(key, None)  # ``queue`` has no ``key``
             queue[key] = None
         return self._gate(record, observation.state, now, observation.source)
 
