@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from servehealth_common.override import (
     ANNOTATION,
     IN_SERVICE,
-    LABELS,
     NONE,
     OUT_OF_SERVICE,
     VALUES,
@@ -32,7 +31,6 @@ from servehealth_common.override import (
 __all__ = [
     "ANNOTATION",
     "IN_SERVICE",
-    "LABELS",
     "NONE",
     "OUT_OF_SERVICE",
     "VALUES",

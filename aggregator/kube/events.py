@@ -25,34 +25,6 @@ log = logging.getLogger(__name__)
 COMPONENT = "ray-serve-health"
 
 
-def event_body(pod: PodInfo, transition: StateChange) -> dict[str, object]:
-    serving = transition.new is ServeState.SERVING
-    if transition.new is ServeState.NO_PROXY_BY_DESIGN:  # a steady state, not a failure
-        reason, kind = "ServeNoProxyByDesign", "Normal"
-    else:
-        reason, kind = ("ServeHealthy", "Normal") if serving else ("ServeUnhealthy", "Warning")
-    message = f"Serve proxy {transition.old.name} -> {transition.new.name}: {transition.reason}"
-    return note_body(pod, reason, message, kind)
-
-
-def override_body(pod: PodInfo, change: OverrideChange) -> dict[str, object]:
-    reason = f"ServeOverride{change.kind.capitalize()}"
-    return note_body(pod, reason, change.message, "Warning" if change.warning else "Normal")
-
-
-def note_body(pod: PodInfo, reason: str, message: str, kind: str) -> dict[str, object]:
-    return bodies.event_body(
-        pod.key,
-        pod.uid,
-        reason=reason,
-        message=message,
-        kind=kind,
-        component=COMPONENT,
-        instance=COMPONENT,
-        when=utc_now(),
-    )
-
-
 class EventRecorder:
     """Sends at most ``qps`` events per second (bursts of ``burst``); drops the rest, counted.
 
@@ -68,17 +40,34 @@ class EventRecorder:
         self._waiting = 0
 
     def record(self, pod: PodInfo, transition: StateChange) -> None:
-        self._record(pod, event_body(pod, transition))
+        serving = transition.new is ServeState.SERVING
+        if transition.new is ServeState.NO_PROXY_BY_DESIGN:  # a steady state, not a failure
+            reason, kind = "ServeNoProxyByDesign", "Normal"
+        else:
+            reason, kind = ("ServeHealthy", "Normal") if serving else ("ServeUnhealthy", "Warning")
+        message = f"Serve proxy {transition.old.name} -> {transition.new.name}: {transition.reason}"
+        self._record(pod, reason, message, kind)
 
     def record_override(self, pod: PodInfo, change: OverrideChange) -> None:
-        self._record(pod, override_body(pod, change))
+        reason = f"ServeOverride{change.kind.capitalize()}"
+        self._record(pod, reason, change.message, "Warning" if change.warning else "Normal")
 
-    def _record(self, pod: PodInfo, body: dict[str, object]) -> None:
+    def _record(self, pod: PodInfo, reason: str, message: str, kind: str) -> None:
         # Tokens are taken when a send starts: count the sends already waiting for one, or a
         # burst of transitions would queue instead of being dropped.
         if not self._limiter.has_capacity(self._waiting + 1):
             self._metrics.events.labels("dropped").inc()
             return
+        body = bodies.event_body(
+            pod.key,
+            pod.uid,
+            reason=reason,
+            message=message,
+            kind=kind,
+            component=COMPONENT,
+            instance=COMPONENT,
+            when=utc_now(),
+        )
         self._waiting += 1
         task = asyncio.create_task(self._send(pod, body))
         self._tasks.add(task)

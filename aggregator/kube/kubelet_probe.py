@@ -36,11 +36,8 @@ KUBERAY_SERVE_LABEL = "ray.io/serve"
 def checks_serve(pod: Mapping[str, Any], serve_port: int, grpc_port: int) -> bool:
     """Whether any container's readiness probe of ``pod`` checks its Serve proxy."""
     ports = {port for port in (serve_port, grpc_port) if port}
-    for container in (pod.get("spec") or {}).get("containers") or []:
-        probe = container.get("readinessProbe") or {}
-        if probe and _probe_checks(probe, ports):
-            return True
-    return False
+    containers = (pod.get("spec") or {}).get("containers") or []
+    return any(_probe_checks(each.get("readinessProbe") or {}, ports) for each in containers)
 
 
 def _probe_checks(probe: Mapping[str, Any], ports: set[int]) -> bool:

@@ -301,16 +301,11 @@ class KubeRegistry(PodRegistry):
         return heads
 
     def _view_changed(self, cluster: ClusterKey) -> None:
-        if self._sink is None:
-            return
-        namespace, name = cluster
-        self._sink.proxy_views_changed(
-            [
-                key
-                for key, pod in self._pods.items()
-                if key.namespace == namespace and pod.cluster == name
+        if self._sink is not None:
+            keys = [
+                key for key, pod in self._pods.items() if (key.namespace, pod.cluster) == cluster
             ]
-        )
+            self._sink.proxy_views_changed(keys)
 
     # -- discovery callbacks ------------------------------------------------------------
 
