@@ -14,6 +14,7 @@ Each rule returns an :class:`Outcome`; the servicer maps a refusal to its gRPC s
 
 from __future__ import annotations
 
+import collections
 import enum
 from dataclasses import dataclass
 
@@ -80,25 +81,23 @@ class StreamsPerPeer:
 
     def __init__(self, limit: int) -> None:
         self._limit = limit
-        self._open: dict[str, int] = {}
+        self._open: collections.Counter[str] = collections.Counter()
 
     def open(self, host: str) -> Outcome:
         """Count a new stream of ``host``, or refuse it (then :meth:`close` is not called)."""
-        count = self._open.get(host, 0)
+        count = self._open[host]
         if count >= self._limit:
             return refused(
                 Refusal.TOO_MANY_STREAMS,
                 f"too many report streams from {host}: {count} are open "
                 f"(--max-streams-per-peer {self._limit})",
             )
-        self._open[host] = count + 1
+        self._open[host] += 1
         return ADMITTED
 
     def close(self, host: str) -> None:
-        left = self._open[host] - 1
-        if left:
-            self._open[host] = left
-        else:
+        self._open[host] -= 1
+        if not self._open[host]:
             del self._open[host]
 
 
@@ -129,8 +128,6 @@ def new_pod_on_stream(
         if not scheduled:
             return Outcome(skip="pod_unscheduled")
     if pods_on_stream >= max_pods:
-        return refused(
-            Refusal.TOO_MANY_PODS,
-            f"this stream reports for more than {max_pods} pods (--max-pods-per-stream)",
-        )
+        why = f"this stream reports for more than {max_pods} pods (--max-pods-per-stream)"
+        return refused(Refusal.TOO_MANY_PODS, why)
     return ADMITTED

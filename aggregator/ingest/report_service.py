@@ -238,26 +238,8 @@ class ReportService:
             async with asyncio.timeout(timeout):
                 return await context.read()
         except TimeoutError:
-            await self._refuse(
-                context,
-                refused(
-                    Refusal.NO_HELLO,
-                    f"no hello within {timeout:g}s of opening the stream (--hello-timeout)",
-                ),
-            )
-
-    async def _judge_hello(
-        self, context: grpc.aio.ServicerContext, first: pb.AgentMessage | object
-    ) -> pb.Hello | None:
-        """The stream's hello (None: the client closed it first); refuses anything else."""
-        if first is grpc.aio.EOF:
-            return None
-        assert isinstance(first, pb.AgentMessage)
-        if first.WhichOneof("kind") != "hello":
-            await self._refuse(
-                context, unexpected(first, "the first message on a Report stream must be a hello")
-            )
-        return first.hello
+            why = f"no hello within {timeout:g}s of opening the stream (--hello-timeout)"
+            await self._refuse(context, refused(Refusal.NO_HELLO, why))
 
     async def _serve_counted_stream(
         self, context: grpc.aio.ServicerContext, token_expiry: asyncio.Timeout
@@ -266,9 +248,13 @@ class ReportService:
         # looked at), then the hello, within its deadline.
         first = await self._first_message(context)
         verified = await self._guard.authenticate(context) if self._guard is not None else None
-        hello = await self._judge_hello(context, first)
-        if hello is None:
+        if first is grpc.aio.EOF:  # the client closed it first
             return
+        assert isinstance(first, pb.AgentMessage)
+        if first.WhichOneof("kind") != "hello":
+            why = "the first message on a Report stream must be a hello"
+            await self._refuse(context, unexpected(first, why))
+        hello = first.hello
         try:
             pods = wire.pods_from_hello(hello)
         except wire.InvalidMessage as error:
@@ -278,23 +264,20 @@ class ReportService:
             grant = await self._guard.bind(context, verified, hello)
             token_expiry.reschedule(grant.deadline)
             node = grant.node
-        sidecar = hello.mode == pb.AGENT_MODE_SIDECAR
         on_change = hello.reports_on_change
         try:
             stream_id = self._core.hello(pods, reports_on_change=on_change)
         except NotAdmitted as error:
             await self._refuse(context, unknown_pod(True, str(error)))
-        settings = self._settings
         stream = ReportStream(
             self._core,
             self._metrics,
             stream_id=stream_id,
-            own_pod=pods[0].key if sidecar else None,
+            own=pods[0] if hello.mode == pb.AGENT_MODE_SIDECAR else None,
             node=node,
-            own_uid=pods[0].uid if sidecar else "",
-            rate_limit=StreamRateLimit(settings.max_reports_per_second, self._clock),
-            max_pods=settings.admission.max_pods_per_stream,
-            ack_every=settings.ack_every,
+            rate_limit=StreamRateLimit(self._settings.max_reports_per_second, self._clock),
+            max_pods=self._settings.admission.max_pods_per_stream,
+            ack_every=self._settings.ack_every,
             on_change=on_change,
         )
         log.info(
@@ -316,45 +299,34 @@ class ReportService:
 
     async def _serve_reports(self, context: grpc.aio.ServicerContext, stream: ReportStream) -> None:
         own = stream.own_pod
-        changed = self._views.open(own) if own is not None else None
+        if own is None:  # a DaemonSet agent: its messages, nothing else
+            while (message := await context.read()) is not grpc.aio.EOF:
+                await self._serve_message(context, stream, message)
+            return
+        # A sidecar: the next message, or its pod's view as soon as it changes (the view is then
+        # sent: the aggregator's own write, an override added), whichever comes first.
+        changed = self._views.open(own)
         reading: asyncio.Future[Any] | None = None
         try:
             while True:
-                if changed is None:
-                    message = await context.read()
-                else:
-                    reading = reading or asyncio.ensure_future(context.read())
-                    if not await self._read_or_view(context, stream, reading, changed):
-                        continue  # the pod's view changed, and was sent if it was new
-                    message, reading = reading.result(), None
+                reading = reading or asyncio.ensure_future(context.read())
+                waiting = asyncio.ensure_future(changed.wait())
+                try:
+                    await asyncio.wait((reading, waiting), return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    waiting.cancel()
+                if not reading.done():
+                    changed.clear()
+                    await self._send_pod_view(context, stream)  # if it was new
+                    continue
+                message, reading = reading.result(), None
                 if message is grpc.aio.EOF:
                     return
                 await self._serve_message(context, stream, message)
         finally:
             if reading is not None:
                 reading.cancel()
-            if own is not None and changed is not None:
-                self._views.close(own, changed)
-
-    async def _read_or_view(
-        self,
-        context: grpc.aio.ServicerContext,
-        stream: ReportStream,
-        reading: asyncio.Future[Any],
-        changed: asyncio.Event,
-    ) -> bool:
-        """Wait for the next message (True: ``reading`` is done) or for the sidecar's pod
-        to change (its view is then sent: the aggregator's own write, an override added)."""
-        waiting = asyncio.ensure_future(changed.wait())
-        try:
-            await asyncio.wait((reading, waiting), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            waiting.cancel()
-        if reading.done():
-            return True
-        changed.clear()
-        await self._send_pod_view(context, stream)
-        return False
+            self._views.close(own, changed)
 
     async def _serve_message(
         self, context: grpc.aio.ServicerContext, stream: ReportStream, message: pb.AgentMessage
@@ -364,10 +336,8 @@ class ReportService:
         if not outcome.admitted:
             await self._refuse(context, outcome)
         if message.WhichOneof("kind") != "reports":
-            await self._refuse(
-                context,
-                unexpected(message, "expected reports: a hello may be sent only once per stream"),
-            )
+            why = "expected reports: a hello may be sent only once per stream"
+            await self._refuse(context, unexpected(message, why))
         sequence = 0
         changed = False
         for pod_report in message.reports.reports:

@@ -24,7 +24,7 @@ from aggregator.ingest.admission import (
 from aggregator.ingest.rate_limit import StreamRateLimit
 from aggregator.metrics import Metrics
 from aggregator.registry import PodViewFacts
-from servehealth_common.pod_identity import PodKey
+from servehealth_common.pod_identity import PodInfo, PodKey
 
 log = logging.getLogger(__name__)
 
@@ -36,9 +36,8 @@ class ReportStream:
         metrics: Metrics,
         *,
         stream_id: int,
-        own_pod: PodKey | None,
+        own: PodInfo | None,
         node: str | None,
-        own_uid: str = "",
         rate_limit: StreamRateLimit,
         max_pods: int,
         ack_every: int,
@@ -48,9 +47,9 @@ class ReportStream:
         self._ignored = metrics.reports_ignored
         self.stream_id = stream_id
         #: A sidecar's pod (None for a DaemonSet agent): the only pod it may report for.
-        self.own_pod = own_pod
+        self.own_pod = own.key if own is not None else None
         #: The uid its hello gave (empty: none): a view of another pod of that name is not sent.
-        self._own_uid = own_uid
+        self._own_uid = own.uid if own is not None else ""
         #: The resource_version of the last view of its pod sent on this stream (None: none).
         self._view_sent: str | None = None
         #: The node a DaemonSet agent's token binds it to (None: not bound, or a sidecar).
@@ -137,11 +136,10 @@ class ViewWaiters:
         return event
 
     def close(self, key: PodKey, event: asyncio.Event) -> None:
-        events = self._events.get(key)
-        if events is not None:
-            events.discard(event)
-            if not events:
-                del self._events[key]
+        events = self._events[key]
+        events.discard(event)
+        if not events:
+            del self._events[key]
 
     def changed(self, key: PodKey) -> None:
         for event in self._events.get(key, ()):

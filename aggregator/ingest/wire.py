@@ -140,19 +140,16 @@ def pod_message(record: PodRecord, now: float, wall_now: float) -> pb.Pod:
 def pod_view_message(view: PodViewFacts) -> pb.PodView:
     """A sidecar's pod as the backend last saw it; ``label`` and ``condition`` stay unset where
     the pod has none."""
-    message = pb.PodView(
+    return pb.PodView(
         pod=pb.PodRef(namespace=view.key.namespace, name=view.key.name, uid=view.uid),
         resource_version=view.resource_version,
         node_name=view.node_name,
         gated=view.gated,
         overridden=view.overridden,
         override=view.override,
+        label=view.label,  # None: unset
+        condition=view.condition,
     )
-    if view.label is not None:
-        message.label = view.label
-    if view.condition is not None:
-        message.condition = view.condition
-    return message
 
 
 def transition_message(transition: StateChange, now: float, wall_now: float) -> pb.Transition:

@@ -28,7 +28,7 @@ from aggregator.metrics import Metrics
 from servehealth_common.grpc_healthz import GrpcHealthz
 from servehealth_common.http import HTTPClient
 from servehealth_common.kube.pods import grpc_address, healthz_url
-from servehealth_common.pod_identity import PodKey
+from servehealth_common.pod_identity import PodInfo, PodKey
 from servehealth_common.probe import Prober, ProbeResult, make_session
 from servehealth_common.states import ServeState, Source
 
@@ -81,22 +81,21 @@ class Puller:
 
     # -- what the core asks (PullTrigger) -----------------------------------------------
 
+    def _addressed(self, key: PodKey) -> PodInfo | None:
+        """The pod, if this puller runs and the pod's address is known."""
+        pod = self._core.pod_info(key) if self._core is not None else None
+        return pod if pod is not None and pod.pod_ip else None
+
     def url(self, key: PodKey) -> str | None:
         """Where the pod's proxy answers, if this puller runs and the pod's address is known."""
-        if self._core is None:
-            return None
-        pod = self._core.pod_info(key)
-        if pod is None or not pod.pod_ip or not pod.serve_port:
-            return None
-        return healthz_url(pod.pod_ip, pod.serve_port)
+        pod = self._addressed(key)
+        return healthz_url(pod.pod_ip, pod.serve_port) if pod and pod.serve_port else None
 
     def grpc_address(self, key: PodKey) -> str | None:
         """Where the pod's gRPC proxy answers, if it declares one (container port
         ``serve-grpc``): a pull then asks both proxies, as the agents do."""
-        pod = self._core.pod_info(key) if self._core is not None else None
-        if pod is None or not pod.pod_ip or not pod.grpc_port:
-            return None
-        return grpc_address(pod.pod_ip, pod.grpc_port)
+        pod = self._addressed(key)
+        return grpc_address(pod.pod_ip, pod.grpc_port) if pod and pod.grpc_port else None
 
     def can_pull(self, key: PodKey) -> bool:
         return self.url(key) is not None
@@ -130,32 +129,25 @@ class Puller:
         return cancel
 
     async def _look_at(self, key: PodKey, on_looked: OnLooked) -> None:
-        core, prober, url = self._core, self._prober, self.url(key)
-        if core is None or prober is None or url is None:
-            on_looked(key, ServeState.UNKNOWN)  # nothing to look at: answered, not failing
-            return
-        state = ServeState.UNKNOWN
-        try:
-            record = core.pod(key)
-            started = self._clock()
-            previous = record.state if record is not None else None
-            result = await prober.probe_confirmed(
-                url, previous, self.settings.confirm_delay, self.grpc_address(key)
-            )
-            self._record(result)
-            state = result.state
-            if record is not None and not core.agent_speaks(record, self._clock()):
-                core.pulled(key, observation(result), started)
-        except Exception:  # one pod's surprise must not stop the look
-            log.exception("look at pod %s failed", key)
+        url = self.url(key)  # None: nothing to look at (answered, not failing)
+        state = ServeState.UNKNOWN if url is None else await self._probe(key, url, looking=True)
         on_looked(key, state)
 
     # -- the work -----------------------------------------------------------------------
 
     async def _pull(self, key: PodKey, url: str) -> None:
+        try:
+            await self._probe(key, url)
+        finally:
+            self._in_flight.pop(key, None)
+
+    async def _probe(self, key: PodKey, url: str, *, looking: bool = False) -> ServeState:
+        """Probe the pod and hand what it says to the core (a look: only if no agent speaks for
+        the pod); the state it answered (UNKNOWN if the probe failed)."""
         core, prober = self._core, self._prober
         assert core is not None
         assert prober is not None
+        state = ServeState.UNKNOWN
         try:
             record = core.pod(key)
             previous = record.state if record is not None else None
@@ -165,16 +157,14 @@ class Puller:
             result = await prober.probe_confirmed(
                 url, previous, self.settings.confirm_delay, self.grpc_address(key)
             )
-            self._record(result)
-            core.pulled(key, observation(result), started)
+            self._metrics.pull_probes.labels(result.state.name).inc()
+            self._metrics.pull_latency.observe(result.latency)
+            state = result.state
+            if not looking or (record is not None and not core.agent_speaks(record, self._clock())):
+                core.pulled(key, observation(result), started)
         except Exception:  # one pod's surprise must not stop the others
-            log.exception("pull of pod %s failed", key)
-        finally:
-            self._in_flight.pop(key, None)
-
-    def _record(self, result: ProbeResult) -> None:
-        self._metrics.pull_probes.labels(result.state.name).inc()
-        self._metrics.pull_latency.observe(result.latency)
+            log.exception("look at pod %s failed" if looking else "pull of pod %s failed", key)
+        return state
 
     def _due(self, core: Core, record: PodRecord, now: float) -> bool:
         """Whether ``record`` should be pulled now."""

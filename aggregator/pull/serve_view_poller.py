@@ -141,7 +141,13 @@ class ServeViewPoller:
         try:
             view = await self._fetch(url, token)
         except (OSError, HTTPClientError, TimeoutError, BadView, ValueError) as error:
-            self._failed(cluster, url, error)
+            self._polls.labels("error").inc()
+            if cluster not in self._failing:  # logged when it starts failing
+                why = self._failing[cluster] = str(error) or type(error).__name__
+                kept = "keeping its last view" if cluster in self._views else "no view yet"
+                log.warning(
+                    "serve view of cluster %s/%s: GET %s failed (%s); %s", *cluster, url, why, kept
+                )
             return
         self._polls.labels("ok").inc()
         if self._failing.pop(cluster, None) is not None:
@@ -168,12 +174,3 @@ class ServeViewPoller:
             raise HTTPClientError(f"answer longer than {max_body} bytes")
         document = await asyncio.to_thread(json.loads, response.body)
         return parse_view(document)
-
-    def _failed(self, cluster: ClusterKey, url: str, error: BaseException) -> None:
-        self._polls.labels("error").inc()
-        why = str(error) or type(error).__name__
-        if cluster in self._failing:
-            return
-        self._failing[cluster] = why
-        kept = "keeping its last view" if cluster in self._views else "no view yet"
-        log.warning("serve view of cluster %s/%s: GET %s failed (%s); %s", *cluster, url, why, kept)

@@ -18,7 +18,7 @@ def stream(on_change: bool, ack_every: int = 10) -> ReportStream:
         core,
         Metrics("acks"),
         stream_id=1,
-        own_pod=None,
+        own=None,
         node=None,
         rate_limit=StreamRateLimit(50, lambda: 0.0),
         max_pods=10,

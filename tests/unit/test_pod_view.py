@@ -16,7 +16,7 @@ from aggregator.kube.pods import parse_pod
 from aggregator.metrics import Metrics
 from aggregator.registry import MemoryRegistry, PodViewFacts
 from servehealth.v1 import servehealth_pb2 as pb
-from servehealth_common.pod_identity import PodKey
+from servehealth_common.pod_identity import PodInfo, PodKey
 
 LABEL = "ray.io/serve"
 GATE = "ray.io/serve-proxy-healthy"
@@ -184,9 +184,8 @@ def stream(core: FakeCore, own_pod: PodKey | None, own_uid: str = "u1") -> Repor
         core,  # type: ignore[arg-type]
         Metrics("test"),
         stream_id=1,
-        own_pod=own_pod,
+        own=PodInfo(own_pod, own_uid) if own_pod is not None else None,
         node=None,
-        own_uid=own_uid,
         rate_limit=StreamRateLimit(50, lambda: 0.0),
         max_pods=1,
         ack_every=1,
