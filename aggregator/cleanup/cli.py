@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import functools
 import logging
 import os
 from collections.abc import Sequence
@@ -136,13 +137,8 @@ class CleanupFlags:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
 
 
-def parse(argv: Sequence[str] | None = None) -> CleanupFlags:
-    return load(CleanupFlags, argv, os.environ, PROG, DESCRIPTION)
-
-
-def out(line: str) -> None:
-    """One line of the command's report, on stdout (logs go to stderr)."""
-    print(line, flush=True)
+#: One line of the command's report, on stdout (logs go to stderr).
+out = functools.partial(print, flush=True)
 
 
 def where_lease(flags: CleanupFlags) -> str:
@@ -238,14 +234,7 @@ async def clean(flags: CleanupFlags, api: KubeApi) -> int:
     if refusal is not None:
         return refusal
     rules = CleanupRules(flags.mode, flags.label_key, flags.condition_type)
-    settings = CleanupSettings(
-        namespaces=flags.namespace,
-        pod_selector=flags.pod_selector,
-        dry_run=flags.dry_run,
-        qps=flags.kube_qps,
-        burst=flags.kube_burst,
-        concurrency=flags.kube_concurrency,
-    )
+    settings = CleanupSettings(**{f.name: getattr(flags, f.name) for f in fields(CleanupSettings)})
     cleaner = Cleaner(api, rules, settings, out, retrier)
     try:
         pods = await cleaner.pods()
@@ -304,7 +293,7 @@ async def run(flags: CleanupFlags) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    flags = parse(argv)
+    flags = load(CleanupFlags, argv, os.environ, PROG, DESCRIPTION)
     logs.setup(flags.log_level, flags.log_format)
     try:
         return runtime.run(run(flags))

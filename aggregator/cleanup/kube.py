@@ -41,12 +41,14 @@ T = TypeVar("T")
 
 @dataclass(frozen=True, slots=True)
 class CleanupSettings:
-    namespaces: tuple[str, ...]  # empty: every namespace
+    """The cleanup's flags that this part reads (named as the flags)."""
+
+    namespace: tuple[str, ...]  # empty: every namespace
     pod_selector: str
     dry_run: bool
-    qps: float
-    burst: int
-    concurrency: int
+    kube_qps: float
+    kube_burst: int
+    kube_concurrency: int
 
 
 class CleanupOutcome(enum.Enum):
@@ -173,13 +175,13 @@ class Cleaner:
         self.settings = settings
         self._out = out
         self._retrier = retrier
-        self._limiter = AsyncLimiter(settings.burst, settings.burst / settings.qps)
-        self._slots = asyncio.Semaphore(settings.concurrency)
+        self._limiter = AsyncLimiter(settings.kube_burst, settings.kube_burst / settings.kube_qps)
+        self._slots = asyncio.Semaphore(settings.kube_concurrency)
 
     async def pods(self) -> list[dict[str, Any]]:
         """Every pod the selector matches, in the namespaces asked for (all: none given)."""
         found: list[dict[str, Any]] = []
-        for namespace in self.settings.namespaces or (None,):
+        for namespace in self.settings.namespace or (None,):
             list_pods = functools.partial(
                 self._api.list_pods, namespace, self.settings.pod_selector
             )
@@ -189,8 +191,7 @@ class Cleaner:
 
     async def apply(self, pods: list[dict[str, Any]]) -> Tally:
         """Clean these pods up (as :meth:`pods` listed them)."""
-        plans = plan(pods, self.rules)
-        return Tally(await asyncio.gather(*(self._apply(p) for p in plans)))
+        return Tally(await asyncio.gather(*(self._apply(p) for p in plan(pods, self.rules))))
 
     async def _apply(self, pod: PodPlan) -> CleanupOutcome:
         for kept in pod.kept:

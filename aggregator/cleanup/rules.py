@@ -196,20 +196,18 @@ def label_changes(
     """The label change of one pod (none or one), and what is kept."""
     key = rules.label_key
     carried = labels.get(key)
-    if key != KUBERAY_SERVE_LABEL:
-        if carried is None:
-            return (), ()
-        return (Change(Op.REMOVE_LABEL, key, "a label of the aggregator's own"),), ()
-    if creator == RAY_SERVICE and head:
-        return (), (f"label {key}: KubeRay writes it on a RayService head",)
-    if creator == RAY_SERVICE:
+    if key == KUBERAY_SERVE_LABEL and creator == RAY_SERVICE:
+        if head:
+            return (), (f"label {key}: KubeRay writes it on a RayService head",)
         if carried == "true":
             return (), ()
         why = "KubeRay sets it on RayService workers at creation"
         return (Change(Op.SET_LABEL, key, why, value="true"),), ()
     if carried is None:
         return (), ()
-    return (Change(Op.REMOVE_LABEL, key, f"KubeRay never sets it on {creator} pods"),), ()
+    if key == KUBERAY_SERVE_LABEL:
+        return (Change(Op.REMOVE_LABEL, key, f"KubeRay never sets it on {creator} pods"),), ()
+    return (Change(Op.REMOVE_LABEL, key, "a label of the aggregator's own"),), ()
 
 
 def condition_changes(
@@ -225,9 +223,8 @@ def condition_changes(
     status, reason = (condition.get("status"), condition.get("reason")) if condition else ("", "")
     if status == "True" and reason == UNINSTALLED_REASON:
         return ()
-    transition = status != "True"
     why = "its readiness gate would keep the pod NotReady"
-    return (Change(Op.SET_CONDITION, kind, why, transition=transition),)
+    return (Change(Op.SET_CONDITION, kind, why, transition=status != "True"),)
 
 
 def mark_changes(rules: CleanupRules) -> tuple[tuple[Change, ...], tuple[str, ...]]:

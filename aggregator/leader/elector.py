@@ -147,9 +147,7 @@ class LeaderElector:
 
     def lease_valid(self, now: float) -> bool:
         """Whether the observed record has changed within its own lease duration."""
-        if self.observed is None:
-            return False
-        return self.observed_at + self.observed.duration_seconds > now
+        return self.observed is not None and self.observed_at + self.observed.duration_seconds > now
 
     def _observe(self, record: LeaseRecord, version: str) -> None:
         if record != self.observed:
@@ -191,14 +189,7 @@ class LeaderElector:
         self._answered()
         if lease is None:
             record = LeaseRecord(self.identity, duration, now, now, 0)
-            return await self._write(
-                "create",
-                self.store.create(record),
-                record,
-                started,
-                call_timeout,
-                conflict="was created by another candidate first",
-            )
+            return await self._write(record, None, started, call_timeout)
         # 3. Someone else's and not expired (by this process's observation): keep waiting.
         self._observe(lease.record, lease.version)
         if lease.record.holder and self.lease_valid(self._clock()) and not self.is_leader:
@@ -209,27 +200,20 @@ class LeaderElector:
         else:
             record = LeaseRecord(self.identity, duration, now, now, lease.record.transitions + 1)
             self.previous = lease.record
-        return await self._write(
-            "update",
-            self.store.update(record, lease.version),
-            record,
-            started,
-            call_timeout,
-            conflict="changed while this candidate wrote it (409)",
-        )
+        return await self._write(record, lease.version, started, call_timeout)
 
     async def _write(
-        self,
-        action: str,
-        call: Coroutine[Any, Any, str],
-        record: LeaseRecord,
-        started: float,
-        call_timeout: float,
-        *,
-        conflict: str,
+        self, record: LeaseRecord, read: str | None, started: float, call_timeout: float
     ) -> bool:
-        """Create or update the Lease with ``record``; True if written (this candidate holds
-        it, from ``started`` on). A 409 means another candidate won: False, as any error."""
+        """Create the Lease (``read`` None: there was none) or update it from version ``read``,
+        with ``record``; True if written (this candidate holds it, from ``started`` on). A 409
+        means another candidate won: False, as any error."""
+        if read is None:
+            action, conflict = "create", "was created by another candidate first"
+            call = self.store.create(record)
+        else:
+            action, conflict = "update", "changed while this candidate wrote it (409)"
+            call = self.store.update(record, read)
         try:
             version = await self._bounded(call, call_timeout)
         except APIConflictError:
@@ -338,11 +322,9 @@ class LeaderElector:
                     f"({settings.renew_deadline:g}s)"
                 )
             last_attempt = now
+            attempt = self.try_acquire_or_renew(min(settings.call_timeout, deadline - now))
             try:
-                async with asyncio.timeout(deadline - now):
-                    renewed = await self.try_acquire_or_renew(
-                        min(settings.call_timeout, deadline - now)
-                    )
+                renewed = await self._bounded(attempt, deadline - now)
             except TimeoutError:
                 renewed = False
             if renewed:
@@ -351,7 +333,7 @@ class LeaderElector:
             if not self.is_leader:
                 return f"lease {self.store.describe()} is now held by {self.leader or 'nobody'}"
 
-    async def release(self, call_timeout: float | None = None) -> bool:
+    async def release(self) -> bool:
         """Give the Lease up (empty holder, ``leaseDurationSeconds: 1``) if this candidate
         holds it; True if released. Stop every guarded write first."""
         if not self.is_leader or self._version is None:
@@ -359,7 +341,7 @@ class LeaderElector:
         assert self.observed is not None
         now = micro_time(self._wall())
         record = LeaseRecord("", 1, now, now, self.observed.transitions)
-        seconds = self.settings.call_timeout if call_timeout is None else call_timeout
+        seconds = self.settings.call_timeout
         try:
             try:
                 version = await self._bounded(self.store.update(record, self._version), seconds)

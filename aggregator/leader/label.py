@@ -116,20 +116,21 @@ class LeaderLabel:
     async def clear_own(self) -> None:
         """Remove the label from this replica's own pod (retried until it succeeds)."""
         own = self._settings.pod
-        await self._retry(f"remove label {self.key} from own pod", self._set_own, None)
+        await self._retry(f"remove label {self.key} from own pod", self._set, own, None)
         self.settled = True
         log.info("leader label: %s carries no %s", self._pods.describe(own), self.key)
 
     async def claim(self) -> None:
         """Label this replica's pod as the leader, then unlabel every other pod (retried)."""
         self._claimed = True
-        await self._retry(f"label own pod {self.key}={LEADER}", self._set_own, LEADER)
+        own = self._settings.pod
+        await self._retry(f"label own pod {self.key}={LEADER}", self._set, own, LEADER)
         self.settled = True
         stale = await self._retry(
             f"list pods labelled {self.key}={LEADER}", self._pods.labelled, self.key, LEADER
         )
         for name in stale:
-            if name != self._settings.pod:
+            if name != own:
                 log.warning(
                     "leader label: %s still carries %s=%s (an old leader cut off from the "
                     "API?): removing it",
@@ -137,18 +138,12 @@ class LeaderLabel:
                     self.key,
                     LEADER,
                 )
-                await self._retry(
-                    f"remove label {self.key} from {name}",
-                    self._pods.set_label,
-                    name,
-                    self.key,
-                    None,
-                )
+                await self._retry(f"remove label {self.key} from {name}", self._set, name, None)
         log.info(
             "leader label: %s=%s on %s; the Service routes agents here",
             self.key,
             LEADER,
-            self._pods.describe(self._settings.pod),
+            self._pods.describe(own),
         )
 
     async def drop(self) -> None:
@@ -160,7 +155,9 @@ class LeaderLabel:
         own = self._pods.describe(self._settings.pod)
         try:
             async with asyncio.timeout(self._settings.drop_within):
-                await self._retry(f"remove label {self.key} from own pod", self._set_own, None)
+                await self._retry(
+                    f"remove label {self.key} from own pod", self._set, self._settings.pod, None
+                )
         except TimeoutError:
             log.warning(
                 "leader label: could not remove %s from %s within %gs; its readiness fails, "
@@ -172,8 +169,8 @@ class LeaderLabel:
             return
         log.info("leader label: removed %s from %s", self.key, own)
 
-    async def _set_own(self, value: str | None) -> None:
-        await self._pods.set_label(self._settings.pod, self.key, value)
+    async def _set(self, pod: str, value: str | None) -> None:
+        await self._pods.set_label(pod, self.key, value)
 
     async def _retry(self, what: str, call: Callable[..., Awaitable[T]], *args: object) -> T:
         """``await call(*args)`` until it succeeds; a streak of API errors is logged once

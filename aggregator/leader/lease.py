@@ -36,10 +36,8 @@ def lease_namespace(
     configured: str, environ: Mapping[str, str], namespace_file: Path = NAMESPACE_FILE
 ) -> str:
     """``--leader-elect-namespace``, else ``$POD_NAMESPACE``, else the pod's own namespace."""
-    if configured:
-        return configured
-    if environ.get("POD_NAMESPACE"):
-        return environ["POD_NAMESPACE"]
+    if given := configured or environ.get("POD_NAMESPACE"):
+        return given
     try:
         found = namespace_file.read_text().strip()
     except OSError:
