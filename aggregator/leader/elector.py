@@ -27,6 +27,7 @@ Nothing here imports the Kubernetes client: the Lease is reached through a :clas
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
@@ -130,6 +131,9 @@ class LeaderElector:
         self._reported_leader: str | None = None
         #: The record last taken over (None: created it): when the previous leader last renewed.
         self.previous: LeaseRecord | None = None
+        #: Whether a write of the Lease went unanswered (timed out, or cancelled by a stop): it
+        #: may have landed, so the Lease may name this candidate though it does not know it.
+        self._unanswered = False
         #: Failed Lease calls in a row, and the kind of the latest (logged once per kind).
         self._failures = 0
         self._failing = ""
@@ -214,14 +218,17 @@ class LeaderElector:
         else:
             action, conflict = "update", "changed while this candidate wrote it (409)"
             call = self.store.update(record, read)
+        self._unanswered = True
         try:
             version = await self._bounded(call, call_timeout)
         except APIConflictError:
+            self._unanswered = False
             log.info("lease %s %s", self.store.describe(), conflict)
             return False
         except (APIError, TimeoutError) as error:
             self._failed(action, error)
             return False
+        self._unanswered = False
         self._observe(record, version)
         self.renewed_at = started
         return True
@@ -335,32 +342,41 @@ class LeaderElector:
 
     async def release(self) -> bool:
         """Give the Lease up (empty holder, ``leaseDurationSeconds: 1``) if this candidate
-        holds it; True if released. Stop every guarded write first."""
-        if not self.is_leader or self._version is None:
+        holds it, or may (a write of it went unanswered: a stop that cancelled an acquire
+        after it landed); True if released. Stop every guarded write first."""
+        if not (self.is_leader and self._version is not None) and not self._unanswered:
             return False
-        assert self.observed is not None
-        now = micro_time(self._wall())
-        record = LeaseRecord("", 1, now, now, self.observed.transitions)
-        seconds = self.settings.call_timeout
         try:
-            try:
-                version = await self._bounded(self.store.update(record, self._version), seconds)
-            except APIConflictError:
-                # A renewal that was cancelled in flight may have landed after all: if the
-                # Lease still names this candidate, release it at its current version.
-                lease = await self._bounded(self.store.get(), seconds)
-                if lease is None or lease.record.holder != self.identity:
-                    log.info(
-                        "lease %s is no longer held by %s", self.store.describe(), self.identity
-                    )
-                    return False
-                version = await self._bounded(self.store.update(record, lease.version), seconds)
+            released = await self._release(self.settings.call_timeout)
         except (APIError, TimeoutError) as error:
             log.warning("cannot release lease %s: %s", self.store.describe(), _why(error))
             return False
-        self._observe(record, version)
+        if released is None:
+            log.info("lease %s is no longer held by %s", self.store.describe(), self.identity)
+            return False
+        self._observe(*released)
+        self._unanswered = False
         log.info("leader election: %s released lease %s", self.identity, self.store.describe())
         return True
+
+    async def _release(self, seconds: float) -> tuple[LeaseRecord, str] | None:
+        """The released record and its version; None if the Lease names someone else."""
+        if self.is_leader and self.observed is not None and self._version is not None:
+            with contextlib.suppress(APIConflictError):
+                return await self._release_from(self.observed, self._version, seconds)
+        # A renewal or an acquire whose answer never came may have landed after all: if the
+        # Lease names this candidate, release it at its current version.
+        lease = await self._bounded(self.store.get(), seconds)
+        if lease is None or lease.record.holder != self.identity:
+            return None
+        return await self._release_from(lease.record, lease.version, seconds)
+
+    async def _release_from(
+        self, held: LeaseRecord, version: str, seconds: float
+    ) -> tuple[LeaseRecord, str]:
+        now = micro_time(self._wall())
+        record = LeaseRecord("", 1, now, now, held.transitions)
+        return record, await self._bounded(self.store.update(record, version), seconds)
 
 
 def _why(error: BaseException) -> str:
