@@ -86,8 +86,7 @@ class Fallback:
         self._pods: dict[PodKey, PodFacts] = {}
         self._streaks: dict[PodKey, Streak] = {}
         self._dirty: set[PodKey] = set()
-        #: Writes handed out and not finished; and those that failed for good, per value.
-        self._in_flight: dict[tuple[PodKey, WriteKind], str] = {}
+        #: Targets whose write failed for good in this fallback, and the value that failed.
         self._given_up: dict[tuple[PodKey, WriteKind], str] = {}
         #: Pods a conditional write found changed (409): their resourceVersion then; no write
         #: for them until a newer version is seen (:meth:`needs_facts`).
@@ -218,7 +217,6 @@ class Fallback:
             return FallbackChange(old, new, now - self._down_since)
         seconds = now - self._began if old is FallbackPhase.FALLBACK else 0.0
         if new is FallbackPhase.CONNECTED or old is FallbackPhase.FALLBACK:
-            self._in_flight.clear()
             self._given_up.clear()
         return FallbackChange(old, new, seconds)
 
@@ -247,7 +245,6 @@ class Fallback:
         self._dirty.discard(key)
         self._stale.pop(key, None)
         for kind in WriteKind:
-            self._in_flight.pop((key, kind), None)
             self._given_up.pop((key, kind), None)
 
     def unseen(self, key: PodKey) -> None:
@@ -294,21 +291,26 @@ class Fallback:
     # -- the decision ----------------------------------------------------------------------
 
     def decide(self) -> list[Write]:
-        """The writes due now (each handed out once, until :meth:`finished`): none outside
-        FALLBACK."""
+        """The writes wanted now for the pods that changed since the last call (none outside
+        FALLBACK). The writer queues their pods, once each, and asks :meth:`next_write` when a
+        worker takes one (level-triggered: what goes is what the pod should carry then)."""
         rules = self.rules
         if self.phase is not FallbackPhase.FALLBACK or rules is None or not self._lease_judged():
             return []  # (between two watches of the Lease: decided once it is observed again)
-        writes = []
-        for key in sorted(self._dirty):
-            for write in self._wanted(key, rules):
-                self._in_flight[write.key, write.kind] = write.value
-                writes.append(write)
+        writes = [write for key in sorted(self._dirty) for write in self._wanted(key, rules)]
         self._dirty.clear()
         return writes
 
+    def next_write(self, key: PodKey) -> Write | None:
+        """What ``key`` should be written now, first (its label, then its condition), asked
+        by the writer's worker when it takes the pod, and again once its slot comes; None
+        outside FALLBACK, between two watches of the Lease, or when the pod carries what it
+        should (or what it lacks failed for good in this fallback)."""
+        return next(iter(self._pending(key)), None)
+
     def _wanted(self, key: PodKey, rules: WriteRules) -> Iterable[Write]:
-        """What ``key`` should be written now, not yet handed out (pure: marks nothing)."""
+        """What ``key`` should be written now, less what failed for good (pure: marks
+        nothing)."""
         facts = self._pods.get(key)
         wanted = self._desired(key, rules)
         if facts is None or wanted is None:
@@ -317,10 +319,7 @@ class Fallback:
         names = dict(rules.targets())
         for kind, value in wanted.targets():
             target = (key, kind)
-            if kind not in wanted.writes or value in (
-                self._in_flight.get(target),
-                self._given_up.get(target),
-            ):
+            if kind not in wanted.writes or value == self._given_up.get(target):
                 continue
             yield Write(
                 key,
@@ -377,22 +376,21 @@ class Fallback:
         return self.phase is FallbackPhase.FALLBACK and write.epoch == self._epoch
 
     def still_wanted(self, write: Write) -> bool:
-        """Whether ``write`` may still be sent (asked before each attempt): still in
-        fallback, still the value decided, the pod still the same, and still what it should
-        carry (an override may have come or gone)."""
-        facts, rules = self._pods.get(write.key), self.rules
-        if (
-            self.phase is not FallbackPhase.FALLBACK
-            or rules is None
-            or not self._lease_judged()
-            or write.epoch != self._epoch
-            or self._in_flight.get((write.key, write.kind)) != write.value
-            or facts is None
-            or facts.uid != write.uid
-        ):
+        """Whether ``write`` is still wanted: in the fallback that decided it, on the same pod,
+        and still what it should carry (an override may have come or gone, the probes
+        changed their mind, or another write made it needless)."""
+        if write.epoch != self._epoch:
             return False
-        wanted = self._desired(write.key, rules)
-        return wanted is not None and (write.kind, write.value) in wanted.targets()
+        return any(
+            (now.kind, now.value, now.uid) == (write.kind, write.value, write.uid)
+            for now in self._pending(write.key)
+        )
+
+    def _pending(self, key: PodKey) -> Iterable[Write]:
+        rules = self.rules
+        if self.phase is not FallbackPhase.FALLBACK or rules is None or not self._lease_judged():
+            return ()
+        return self._wanted(key, rules)
 
     def finished(
         self,
@@ -407,17 +405,13 @@ class Fallback:
         pod until the next fallback)."""
         if write.epoch != self._epoch:
             return  # an earlier fallback's: the pod is read afresh anyway
-        target = (write.key, write.kind)
-        if self._in_flight.get(target) == write.value:
-            del self._in_flight[target]
         if gave_up:
-            self._given_up[target] = write.value
+            self._given_up[write.key, write.kind] = write.value
         known = self._pods.get(write.key)
         if answer is not None:
             self.pod_seen(answer)
         elif written and known is not None and known.uid == write.uid:
             self._pods[write.key] = known.carrying(write.kind, write.name, write.value)
-        self._dirty.add(write.key)
 
     def conflicted(self, write: Write) -> None:
         """``write`` was conditional on the pod's version, and the pod has changed since (409):

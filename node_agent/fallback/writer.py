@@ -7,14 +7,17 @@ an agent's write (:mod:`servehealth_common.fallback_marks`), an Event each, one 
   reason ``NoAggregator``, a message naming the agent, lastTransitionTime now);
 - then an Event on the pod (reason ``NoAggregator``; Normal into service, Warning out of it).
 
-Each call has the client's deadline (``--kube-timeout``). The writes wait in the keyed queue
-both programs write from (:class:`servehealth_common.work_queue.KeyedQueue`, keyed by pod: one
-worker per pod at a time). 429, 5xx, 409 and broken connections are retried with its backoff
-per pod (capped, full jitter; ``Retry-After`` honoured) for as long as the
-decider still wants the write (:meth:`~node_agent.fallback.decider.Fallback.still_wanted`: a stream
-accepted meanwhile drops it); 404 means the pod is gone; anything else (a 403: no RBAC for it)
-is given up until the next fallback. A failing write is logged when its failure starts and
-when it changes or ends (with the number of attempts), not at every attempt.
+Each call has the client's deadline (``--kube-timeout``). The pods to write wait in the keyed
+queue both programs write from (:class:`servehealth_common.work_queue.KeyedQueue`: a pod is
+queued once, one worker per pod at a time). Level-triggered, as the aggregator's writer: a
+worker asks the decider what the pod should be written now
+(:meth:`~node_agent.fallback.decider.Fallback.next_write`) when it takes the pod and again once
+its slot of the API budget comes, so a stream accepted meanwhile, an override or a change of
+the probes' mind is never written over. 429, 5xx, 409 and broken connections are retried with
+the queue's backoff per pod (capped, full jitter; ``Retry-After`` honoured); 404 means the pod
+is gone; anything else (a 403: no RBAC for it) is given up until the next fallback. A failing
+write is logged when its failure starts and when it changes or ends (with the number of
+attempts), not at every attempt.
 
 This module imports the Kubernetes client: a sidecar loads it only when fallback begins.
 """
@@ -22,7 +25,6 @@ This module imports the Kubernetes client: a sidecar loads it only when fallback
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import datetime
 import logging
 import random
@@ -79,17 +81,20 @@ class FallbackWriter:
         self._who = who
         self._metrics = metrics
         self._rng = rng or random.Random()
-        #: Pods with writes to send, one worker per pod at a time: a pod's writes go one after
-        #: the other, each on the version the previous one's answer showed (no 409 between a
-        #: label and a condition); a failing pod waits for its retry without holding a worker.
+        #: Pods to write, one worker per pod at a time: a pod's writes go one after the other,
+        #: each on the version the previous one's answer showed (no 409 between a label and a
+        #: condition); a failing pod waits for its retry without holding a worker.
         self._queue: KeyedQueue[PodKey] = KeyedQueue(rng=self._rng)
-        self._pending: dict[PodKey, list[Write]] = {}
         #: Each failing pod's current failure, for the logs (logged when it starts or changes).
         self._trouble: dict[PodKey, str] = {}
+        #: Writes handed over (by the decider, or by a failed attempt for its retry) and not
+        #: attempted yet: one no longer wanted when its pod's worker is done is dropped.
+        self._handed: dict[tuple[PodKey, WriteKind], Write] = {}
         self._event_trouble = ""
 
     def submit(self, write: Write) -> None:
-        self._pending.setdefault(write.key, []).append(write)
+        """Queue the pod of a write the decider wants (once, however often)."""
+        self._handed[write.key, write.kind] = write
         self._queue.add(write.key)
 
     async def permit(self) -> None:
@@ -187,11 +192,16 @@ class FallbackWriter:
         return Backoff(base=RETRY_FLOOR, cap=RETRY_CAP, rng=self._rng)
 
     async def _write_pod(self, key: PodKey) -> None:
-        """The writes pending for ``key``, in the order decided, one attempt each, until one
-        must wait (its retry, or another go on a newer version of the pod)."""
-        pending = self._pending.get(key, [])
-        while pending:
-            write = pending[0]
+        """What ``key`` should be written now, one target after the other, each asked of the
+        decider when its attempt goes, until one must wait (its retry, or another go on a
+        newer version of the pod). A target goes once a pass: an answer that does not show a
+        write cannot make it loop."""
+        sent: set[tuple[WriteKind, str]] = set()
+        while (write := self._core.next_write(key)) is not None:
+            if (write.kind, write.value) in sent:
+                break
+            sent.add((write.kind, write.value))
+            self._handed.pop((key, write.kind), None)
             try:
                 over = await self._attempt(write)
             except Exception:  # a surprise must not stop the other writes
@@ -201,21 +211,23 @@ class FallbackWriter:
                 over = True
             if not over:
                 return
-            pending.pop(0)
-        self._pending.pop(key, None)
+        for kind in WriteKind:  # what is left was handed over and is no longer wanted
+            handed = self._handed.pop((key, kind), None)
+            if handed is not None:
+                self._dropped(handed)
         self._trouble.pop(key, None)
 
     async def _attempt(self, write: Write) -> bool:
-        """One attempt of ``write``, conditional on the pod's latest version known (a write
-        decided on an earlier one, such as the second of a label and a condition, goes on the
-        answer to the first). True when it is over: landed, the pod gone, failed for good, or
-        no longer wanted; False when it goes again (its retry, with the queue's backoff)."""
-        if self._dropped(write):
-            return True
+        """One attempt of ``write``, once its slot comes, as the decider wants it then (on the
+        pod's latest version known). True when it is over: landed, the pod gone, failed for
+        good, or no longer wanted; False when it goes again (its retry, with the queue's
+        backoff)."""
         await self.permit()
-        if self._dropped(write):  # (the wait for a slot can be long)
+        now_wanted = self._core.next_write(write.key)  # (the wait for a slot can be long)
+        if now_wanted is None or (now_wanted.kind, now_wanted.value) != (write.kind, write.value):
+            self._dropped(write)
             return True
-        write, now = self._latest(write), utc_now()
+        write, now = now_wanted, utc_now()
         try:
             answer = await self._send(write, now)
         except APINotFoundError:
@@ -231,7 +243,8 @@ class FallbackWriter:
         """A failed attempt of ``write``: over (a conflict, or an error not worth retrying), or
         not (False: the pod's key is queued again, at once or after its backoff)."""
         if error.status == 409 and write.version:
-            if self._latest(write).version != write.version:
+            facts = self._core.facts(write.key)
+            if facts is not None and facts.resource_version != write.version:
                 self._queue.add(write.key)  # a newer version is known already: try on it
                 return False
             self._conflict(write)
@@ -242,15 +255,9 @@ class FallbackWriter:
             self._core.finished(write, gave_up=True)
             return True
         self._queue.retry(write.key, error.retry_after)
+        self._handed[write.key, write.kind] = write
         self._retrying(write, error)
         return False
-
-    def _latest(self, write: Write) -> Write:
-        """``write`` conditional on the latest version of its pod known."""
-        facts = self._core.facts(write.key)
-        if facts is None or not write.version or facts.resource_version == write.version:
-            return write
-        return dataclasses.replace(write, version=facts.resource_version)
 
     def _retrying(self, write: Write, error: APIError) -> None:
         """Log a failed attempt when the failure starts or changes."""
@@ -271,15 +278,11 @@ class FallbackWriter:
             attempts = self._queue.failures(write.key)
             log.debug("%s: %s: %s (attempt %d)", marks.WHY, write, error, attempts)
 
-    def _dropped(self, write: Write) -> bool:
-        """Whether ``write`` is no longer wanted (an override came, the facts changed): then it
-        is finished unsent."""
-        if self._core.still_wanted(write):
-            return False
-        self._core.finished(write)
+    def _dropped(self, write: Write) -> None:
+        """``write`` is not sent: no longer wanted (an aggregator came back, an override came,
+        the probes changed their mind)."""
         self._metrics.fallback_write(write.kind.value, "dropped")
         log.debug("%s: %s not sent: no longer wanted", marks.WHY, write)
-        return True
 
     def _conflict(self, write: Write) -> None:
         """The pod changed since ``write`` was decided (409 on its resourceVersion): decide

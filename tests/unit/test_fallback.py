@@ -336,19 +336,24 @@ def test_a_stream_drops_the_writes_not_yet_sent_and_ends_fallback_at_once() -> N
     assert not core.still_wanted(write)
 
 
-def test_a_write_is_handed_out_once_until_it_finishes() -> None:
+def test_what_is_written_is_what_the_pod_should_carry_when_it_goes() -> None:
+    """Level-triggered (issue 25): the writer asks next_write when its worker takes the pod,
+    so a write decided earlier and no longer wanted is never sent; one that failed for good
+    (a 403, say) is not wanted again for that value in this fallback."""
     core, _ = fallen_back()
     core.observe(KEY, SERVING)
     core.observe(KEY, SERVING)
     [write] = core.decide()
-    core.observe(KEY, SERVING)
-    assert core.decide() == []  # in flight
-    core.finished(write, gave_up=True)  # a 403, say
-    core.observe(KEY, SERVING)
-    assert core.decide() == []  # not again for this value in this fallback
-    core.observe(KEY, NOT_READY)
+    assert core.next_write(KEY) == write
+    core.observe(KEY, NOT_READY)  # the probes change their mind before it goes
+    assert not core.still_wanted(write)
     [other] = core.decide()
+    assert core.next_write(KEY) == other
     assert other.value == "False"
+    core.finished(other, gave_up=True)  # a 403, say
+    core.observe(KEY, NOT_READY)
+    assert core.decide() == []
+    assert core.next_write(KEY) is None
 
 
 def test_the_answer_of_a_write_is_what_the_pod_carries() -> None:
