@@ -86,6 +86,10 @@ class KubeRegistry(PodRegistry):
         #: transition (their condition is written even where they carry none yet).
         self._messages: dict[PodKey, str] = {}
         self._transitioned: set[PodKey] = set()
+        #: Each pod's targets as last counted (:meth:`targets`), with what they came from: the
+        #: pod's copy, its health and whether it has no proxy by design. The drift figures ask
+        #: for every pod at each GetSummary and scrape; most have not changed since.
+        self._counted: dict[PodKey, tuple[KubePod, str | None, bool, list[Target]]] = {}
         self._kubelet = KubeletWarnings()
         metrics.pods_kubelet_checks_serve.set_function(self.pods_kubelet_checks_serve)
         self._sink: PodSink | None = None
@@ -204,24 +208,35 @@ class KubeRegistry(PodRegistry):
         return wanted
 
     def _desired(
-        self, pod: KubePod, health: str | None, *, message: str | None = None, repair: bool = False
+        self,
+        pod: KubePod,
+        health: str | None,
+        *,
+        message: str | None = None,
+        repair: bool = False,
+        by_design: bool | None = None,
     ) -> Desired:
         """What ``pod`` should carry when its health calls for ``health`` (None: leave it):
         :func:`~servehealth_common.pod_writes.desired.desired`, from the pod as the watch last
-        showed it and the core's judgement of its proxy."""
+        showed it and the core's judgement of its proxy (``by_design``, if already asked)."""
+        if by_design is None:
+            by_design = self._by_design(pod.key)
         known = Known(
             health,
             writes_label=self.settings.writes_label,
             writes_condition=self.settings.writes_condition,
             gated=self.settings.condition_type in pod.writable.readiness_gates,
             override=pod.writable.override,
-            by_design=self._sink is not None and self._sink.no_proxy_by_design(pod.key),
+            by_design=by_design,
             label=pod.writable.carried(WriteKind.LABEL, self.settings.label_key),
             condition=pod.writable.carried(WriteKind.CONDITION, self.settings.condition_type),
             message=message,
             repair=repair,
         )
         return desired(known)
+
+    def _by_design(self, key: PodKey) -> bool:
+        return self._sink is not None and self._sink.no_proxy_by_design(key)
 
     def override(self, key: PodKey) -> Override:
         pod = self._pods.get(key)
@@ -254,14 +269,19 @@ class KubeRegistry(PodRegistry):
     def targets(self, key: PodKey, health: str | None) -> list[Target]:
         """The label and, for a pod with the readiness gate, the condition, as the mode says:
         the pod's desired state when its health calls for ``health`` (the override first;
-        none where nothing is wanted)."""
+        none where nothing is wanted). Counted again only when the pod's copy, ``health`` or
+        its proxy's judgement changed."""
         pod = self._pods.get(key)
         if pod is None:
             return []
-        return [
-            (kind, self.carried(key, kind), value)
-            for kind, value in self._desired(pod, health).targets()
-        ]
+        by_design = self._by_design(key)
+        counted = self._counted.get(key)
+        if counted is not None and counted[0] is pod and counted[1:3] == (health, by_design):
+            return counted[3]
+        wanted = self._desired(pod, health, by_design=by_design)
+        found = [(kind, self.carried(key, kind), value) for kind, value in wanted.targets()]
+        self._counted[key] = (pod, health, by_design, found)
+        return found
 
     def pod(self, key: PodKey) -> PodInfo | None:
         pod = self._pods.get(key)
@@ -363,6 +383,7 @@ class KubeRegistry(PodRegistry):
         self._pods.pop(key, None)
         self._messages.pop(key, None)
         self._transitioned.discard(key)
+        self._counted.pop(key, None)
         self.writer.forget(key)
         if self._sink is not None:
             self._sink.pod_gone(key)
