@@ -24,8 +24,9 @@ set and the pod count are rendered at scrape time, from the dict.
   it is not; computed at scrape time.
 - ``serve_health_agent_fallback_writes_total{kind,result}``: fallback writes (``kind`` label,
   condition or event) by ``result``: success, error (each failed attempt), not_found (the pod is
-  gone), dropped (an aggregator came back before it was sent), conflict (the pod changed since
-  the version the write was decided on: decided again).
+  gone), dropped (no longer wanted when it would have gone: an aggregator came back, an
+  override came, the probes changed their mind), conflict (the pod changed since the version
+  the write was decided on: decided again).
 - ``serve_health_agent_fallback_lease_renewed``: 1 while the aggregators' Lease is seen renewed
   by an agent without a stream (the gate holds its fallback back), else 0.
 - ``serve_health_agent_fallback_api_slot_seconds``: seconds between two slots of the agent's
@@ -136,8 +137,9 @@ class AgentMetrics(MetricsSink):
         self._fallback_writes = Counter(
             f"{PREFIX}_fallback_writes",
             "Fallback writes by kind (label, condition, event) and result (success; error: each "
-            "failed attempt; not_found: the pod is gone; dropped: an aggregator came back "
-            "before it was sent; conflict: the pod changed since the write was decided).",
+            "failed attempt; not_found: the pod is gone; dropped: no longer wanted when it "
+            "would have gone, e.g. an aggregator came back; conflict: the pod changed since the "
+            "write was decided).",
             ["kind", "result"],
             registry=r,
         )
