@@ -24,6 +24,7 @@ from aggregator.ingest.report_service import SHUTDOWN_MESSAGE
 from aggregator.registry import PodRegistry
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
+from servehealth_common.override import IN_SERVICE, OUT_OF_SERVICE
 from servehealth_common.pod_identity import PodKey
 from servehealth_common.states import ServeState
 
@@ -132,8 +133,8 @@ class InspectionService(pb_grpc.InspectionServiceServicer):
             dry_run=self.shadow.dry_run,
             would_enter=shadow.would_enter,
             would_leave=shadow.would_leave,
-            overridden_out_of_service=overridden.get(override.OUT_OF_SERVICE, 0),
-            overridden_in_service=overridden.get(override.IN_SERVICE, 0),
+            overridden_out_of_service=overridden.get(OUT_OF_SERVICE, 0),
+            overridden_in_service=overridden.get(IN_SERVICE, 0),
             pods_kubelet_checks_serve=self.registry.pods_kubelet_checks_serve(),
         )
 

@@ -9,8 +9,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from aggregator.decision.override import VALUES as OVERRIDE_VALUES
 from aggregator.decision.shadow import Disagreements
+from servehealth_common.override import VALUES as OVERRIDE_VALUES
 from servehealth_common.states import ServeState
 
 PREFIX = "serve_health"

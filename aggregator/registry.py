@@ -16,10 +16,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-from aggregator.decision.override import NONE, Override
 from aggregator.decision.serve_view import UNKNOWN, ProxyIntent
 from aggregator.decision.shadow import Target, WouldBeWrites
 from aggregator.decision.tracker import StateChange
+from servehealth_common.override import NONE, Override
 from servehealth_common.pod_identity import PodInfo, PodKey
 from servehealth_common.pod_writes.desired import Known, desired
 from servehealth_common.pod_writes.rule import WriteKind
@@ -143,11 +143,6 @@ class PodRegistry(abc.ABC):
         """Pods whose override is honoured, by value."""
         return {}
 
-    def wanted(self, key: PodKey, health: str | None) -> str | None:
-        """What the pod should carry, given what its health wants (``health``; None: leave
-        it): the override's value where it has one."""
-        return health
-
     def changed_by_agents(self, since: datetime.datetime | None) -> int:
         """Pods an agent in fallback wrote after ``since`` (None: whenever): none here."""
         return 0
@@ -156,10 +151,9 @@ class PodRegistry(abc.ABC):
         """Each thing the aggregator writes to the pod: its kind, what the pod carries now, and
         the value that goes with the label its health calls for (``health``, the override
         first; none where nothing is wanted: :mod:`aggregator.decision.shadow`)."""
-        wanted = self.wanted(key, health)
-        if wanted is None:
+        if health is None:
             return []
-        return [(WriteKind.LABEL, self.carried(key, WriteKind.LABEL), wanted)]
+        return [(WriteKind.LABEL, self.carried(key, WriteKind.LABEL), health)]
 
 
 class MemoryRegistry(PodRegistry):

@@ -19,26 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # The annotation as read is shared with the agents, which ignore what the aggregator ignores.
-from servehealth_common.override import (
-    ANNOTATION,
-    IN_SERVICE,
-    NONE,
-    OUT_OF_SERVICE,
-    VALUES,
-    Override,
-)
-
-__all__ = [
-    "ANNOTATION",
-    "IN_SERVICE",
-    "NONE",
-    "OUT_OF_SERVICE",
-    "VALUES",
-    "Override",
-    "OverrideChange",
-    "change",
-    "reason",
-]
+from servehealth_common.override import ANNOTATION, IN_SERVICE, OUT_OF_SERVICE, Override
 
 
 @dataclass(frozen=True, slots=True)

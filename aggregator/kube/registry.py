@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from aggregator.decision.override import NONE, Override, change
+from aggregator.decision.override import change
 from aggregator.decision.serve_view import UNKNOWN, ProxyIntent, proxy_meant
 from aggregator.decision.shadow import Target, WouldBeWrites
 from aggregator.decision.tracker import StateChange
@@ -38,6 +38,7 @@ from aggregator.pull.serve_view_poller import (
 from aggregator.registry import PodRegistry, PodSink, PodViewFacts
 from servehealth_common import fallback_marks
 from servehealth_common.kube.watch import PodWatch
+from servehealth_common.override import NONE, Override
 from servehealth_common.pod_identity import PodInfo, PodKey
 from servehealth_common.pod_writes.desired import Desired, Known, desired
 from servehealth_common.pod_writes.rule import NO_PROXY_BY_DESIGN, WriteKind

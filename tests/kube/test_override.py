@@ -17,10 +17,10 @@ from typing import Any
 import grpc
 import pytest
 
-from aggregator.decision.override import ANNOTATION
 from aggregator.server import Aggregator
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
+from servehealth_common.override import ANNOTATION
 from servehealth_common.pod_identity import PodKey
 from servehealth_common.states import ServeState
 from tests.conftest import StartAggregator, eventually

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import grpc
 
-from aggregator.decision.override import ANNOTATION
 from aggregator.server import Aggregator
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
+from servehealth_common.override import ANNOTATION
 from servehealth_common.pod_identity import PodKey
 from tests.conftest import StartAggregator, eventually
 from testsupport.kube.emulator import KubeEmulator

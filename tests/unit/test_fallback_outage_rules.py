@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 
-from aggregator.decision.override import Override as AggregatorOverride
 from node_agent.fallback.decider import Fallback
 from node_agent.fallback.rules import PodFacts, WhosePods, WriteRules
 from servehealth_common.override import ANNOTATION, Override
@@ -80,9 +79,9 @@ def fallen_back(facts: PodFacts | None = None) -> Fallback:
 
 @pytest.mark.parametrize("value", VALUES)
 def test_the_agent_honours_exactly_the_overrides_the_aggregator_honours(value: str) -> None:
-    honoured = AggregatorOverride.parse(value).value is not None
+    honoured = Override.parse(value).value is not None
     assert pod(value).overridden is honoured
-    assert Override.of(raw_pod(value)["metadata"]["annotations"]) == AggregatorOverride.parse(value)
+    assert Override.of(raw_pod(value)["metadata"]["annotations"]) == Override.parse(value)
 
 
 @pytest.mark.parametrize(

@@ -6,15 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from aggregator.decision.override import (
-    ANNOTATION,
-    IN_SERVICE,
-    NONE,
-    OUT_OF_SERVICE,
-    Override,
-    change,
-    reason,
-)
+from aggregator.decision.override import change, reason
+from servehealth_common.override import ANNOTATION, IN_SERVICE, NONE, OUT_OF_SERVICE, Override
 
 
 @pytest.mark.parametrize(
