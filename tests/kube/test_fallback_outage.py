@@ -23,7 +23,7 @@ import pytest
 
 from tests.conftest import eventually
 from testsupport import harness
-from testsupport.fakes import refused_port
+from testsupport.fakes import FakeServeProxy, refused_port
 from testsupport.kube.agent_processes import (
     FAILING,
     FALLBACK_AFTER,
@@ -151,6 +151,31 @@ def read_by_agent(kube: KubeEmulator, name: str) -> bool:
     )
 
 
+async def sidecar_in_an_outage(
+    kube: KubeEmulator,
+    kubeconfig_path: Path,
+    proxies: ProxyPool,
+    processes: list[harness.Process],
+    tmp_path: Path,
+    *,
+    annotations: dict[str, str] | None = None,
+    failing: bool = False,
+) -> tuple[FakeServeProxy, harness.Process]:
+    """A gated, Ready pod ``worker`` (its proxy failing from the start, if ``failing``) and its
+    real sidecar with condition writes in fallback, whose aggregator never answers."""
+    [proxy] = await proxies.start(1)
+    extra = {"annotations": annotations} if annotations else {}
+    pod = add_pod(kube, "worker", proxy, readiness_gates=[GATE], conditions=READY, **extra)
+    if failing:
+        proxy.set(FAILING)
+    nowhere = f"127.0.0.1:{refused_port()}"  # no aggregator answers there
+    agent = spawn_sidecar(
+        tmp_path, nowhere, proxy, pod, kubeconfig_path, "--fallback-write=condition"
+    )
+    processes.append(agent)
+    return proxy, agent
+
+
 async def test_an_override_added_during_the_outage_is_honoured(
     kube_emulator: KubeEmulator,
     kubeconfig_path: Path,
@@ -159,13 +184,7 @@ async def test_an_override_added_during_the_outage_is_honoured(
     tmp_path: Path,
 ) -> None:
     kube = kube_emulator
-    [proxy] = await proxies.start(1)
-    pod = add_pod(kube, "worker", proxy, readiness_gates=[GATE], conditions=READY)
-    nowhere = f"127.0.0.1:{refused_port()}"  # no aggregator answers there
-    agent = spawn_sidecar(
-        tmp_path, nowhere, proxy, pod, kubeconfig_path, "--fallback-write=condition"
-    )
-    processes.append(agent)
+    proxy, agent = await sidecar_in_an_outage(kube, kubeconfig_path, proxies, processes, tmp_path)
     await eventually(lambda: FALLBACK_BEGAN.search(agent.log_text()), 15)
     await eventually(lambda: read_by_agent(kube, "worker"), 15)  # it has read its pod
 
@@ -198,20 +217,14 @@ async def test_an_out_of_service_override_is_written_during_the_outage(
     against the probes, which say SERVING; taken off during the outage (the sidecar follows its
     pod while an override decides), the probes decide again."""
     kube = kube_emulator
-    [proxy] = await proxies.start(1)
-    pod = add_pod(
+    _, agent = await sidecar_in_an_outage(
         kube,
-        "worker",
-        proxy,
-        readiness_gates=[GATE],
-        conditions=READY,
+        kubeconfig_path,
+        proxies,
+        processes,
+        tmp_path,
         annotations={OVERRIDE: "out-of-service"},
     )
-    nowhere = f"127.0.0.1:{refused_port()}"  # no aggregator answers there
-    agent = spawn_sidecar(
-        tmp_path, nowhere, proxy, pod, kubeconfig_path, "--fallback-write=condition"
-    )
-    processes.append(agent)
     await eventually(lambda: FALLBACK_BEGAN.search(agent.log_text()), 15)
     await eventually(lambda: condition(kube, "worker") == "False", 20)
     assert "override out-of-service" in agent.log_text(), agent.tail()
@@ -228,21 +241,15 @@ async def test_an_override_value_the_aggregator_ignores_is_ignored(
     tmp_path: Path,
 ) -> None:
     kube = kube_emulator
-    [proxy] = await proxies.start(1)
-    pod = add_pod(
+    _, agent = await sidecar_in_an_outage(
         kube,
-        "worker",
-        proxy,
-        readiness_gates=[GATE],
-        conditions=READY,
+        kubeconfig_path,
+        proxies,
+        processes,
+        tmp_path,
         annotations={OVERRIDE: "maintenance"},
+        failing=True,
     )
-    proxy.set(FAILING)
-    nowhere = f"127.0.0.1:{refused_port()}"  # no aggregator answers there
-    agent = spawn_sidecar(
-        tmp_path, nowhere, proxy, pod, kubeconfig_path, "--fallback-write=condition"
-    )
-    processes.append(agent)
     await eventually(lambda: FALLBACK_BEGAN.search(agent.log_text()), 15)
     with contextlib.suppress(AssertionError):  # shown by the assertion below if it never comes
         await eventually(lambda: condition(kube, "worker") == "False", 10)
