@@ -46,6 +46,7 @@ from servehealth.v1 import servehealth_pb2 as pb
 from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
 from servehealth_common.config import split_host_port
 from servehealth_common.metrics_http import MetricsServer
+from servehealth_common.runtime import cancel_and_wait
 from servehealth_common.tls import ReloadingServerCertificate
 
 log = logging.getLogger(__name__)
@@ -67,15 +68,6 @@ LEADER_ONLY = ("", SERVICE_NAMES[0])
 #: for the Kubernetes API: for the liveness and startup probes (a replica must not be restarted
 #: for being a standby, or for an API server that does not answer yet).
 LIVENESS = "liveness"
-
-
-async def _cancel(*tasks: asyncio.Task[Any] | None) -> None:
-    """Cancel each task and wait until it ended (what it raised is logged where it ran)."""
-    for task in tasks:
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,7 +272,8 @@ class Aggregator:
                 return f"could not take over as the leader: {error}"
             return await holding
         finally:
-            await _cancel(holding, taking_over)
+            # What they raised is logged where they ran.
+            await cancel_and_wait(holding, taking_over, ignore=(Exception,))
 
     async def _take_over(self, why: str) -> None:
         """List the pods (retried until the API answers), then lead: expiry, pulls, reports,
@@ -332,7 +325,7 @@ class Aggregator:
         self.lifecycle.move_to(Phase.STOPPING, why)
         # First: no take-over may start anything from now on (a first pod list still retrying
         # ends here, and start() returns).
-        await _cancel(self._electing, self._syncing)
+        await cancel_and_wait(self._electing, self._syncing, ignore=(Exception,))
         await self.health.enter_graceful_shutdown()
         await self._drop_label()  # first: the Service stops sending agents here
         self.core.close_watchers()

@@ -1,9 +1,10 @@
 """Running the programs' event loop: uvloop where it is installed (about a quarter less CPU
-per gRPC message here), the standard loop otherwise."""
+per gRPC message here), the standard loop otherwise; and stopping the tasks it runs."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
@@ -24,6 +25,19 @@ def run(main: Coroutine[Any, Any, T]) -> T:
     except ImportError:
         return asyncio.run(main)
     return uvloop.run(main)
+
+
+async def cancel_and_wait(
+    *tasks: asyncio.Task[Any] | None, ignore: tuple[type[Exception], ...] = ()
+) -> None:
+    """Cancel each task (None: no task) and wait until each has ended. Its cancel is not
+    raised here, nor an error of a type in ``ignore``; another error it ended with is."""
+    running = [task for task in tasks if task is not None]
+    for task in running:
+        task.cancel()
+    for task in running:
+        with contextlib.suppress(asyncio.CancelledError, *ignore):
+            await task
 
 
 def raise_open_files_limit() -> tuple[int, int]:

@@ -37,6 +37,7 @@ from aggregator.ingest.report_stream import ReportStream, ViewWaiters
 from aggregator.lifecycle import Phase
 from aggregator.metrics import Metrics
 from servehealth.v1 import servehealth_pb2 as pb
+from servehealth_common.runtime import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -184,14 +185,10 @@ class ReportService:
         try:
             await asyncio.wait((stream, self._draining), return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:  # the client went away: gRPC cancels this handler
-            stream.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await stream
+            await cancel_and_wait(stream, ignore=(Exception,))
             raise
         if not stream.done():
-            stream.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await stream
+            await cancel_and_wait(stream)
             await context.abort(grpc.StatusCode.UNAVAILABLE, SHUTDOWN_MESSAGE)
         stream.result()  # re-raise the abort of a rejected stream
 

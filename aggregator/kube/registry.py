@@ -8,7 +8,6 @@ added, removed or changed is applied at once from the watch, PANIC or not."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime
 import functools
 import logging
@@ -42,6 +41,7 @@ from servehealth_common.override import NONE, Override
 from servehealth_common.pod_identity import PodInfo, PodKey
 from servehealth_common.pod_writes.desired import Desired, Known, desired
 from servehealth_common.pod_writes.rule import NO_PROXY_BY_DESIGN, WriteKind
+from servehealth_common.runtime import cancel_and_wait
 from servehealth_common.states import ServeState
 
 log = logging.getLogger(__name__)
@@ -153,11 +153,7 @@ class KubeRegistry(PodRegistry):
             return
         self._stopped = True
         self.discovery.stop()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(*self._tasks)
         if self.events is not None:
             await self.events.stop()
         # Requests already sent land (or time out) before stop() returns: nothing this

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
+
+from servehealth_common.runtime import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -22,10 +23,7 @@ class ExpiryLoop:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
 
     async def _run(self) -> None:
         """Expire every ``interval`` until stopped; a pass that fails is logged, not fatal."""

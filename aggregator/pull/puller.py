@@ -15,7 +15,6 @@ Never one after another.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -30,6 +29,7 @@ from servehealth_common.http import HTTPClient
 from servehealth_common.kube.pods import grpc_address, healthz_url
 from servehealth_common.pod_identity import PodInfo, PodKey
 from servehealth_common.probe import Prober, ProbeResult, make_session
+from servehealth_common.runtime import cancel_and_wait
 from servehealth_common.states import ServeState, Source
 
 if TYPE_CHECKING:
@@ -198,10 +198,7 @@ class Puller:
         """Stop pulling: every pull in flight is cancelled, the HTTP client closed."""
         loop, self._loop = self._loop, None
         self._core = None
-        if loop is not None:
-            loop.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await loop
+        await cancel_and_wait(loop)
         tasks = [*self._in_flight.values(), *self._looks]
         for task in tasks:
             task.cancel()

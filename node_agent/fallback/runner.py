@@ -39,6 +39,7 @@ from servehealth.v1 import servehealth_pb2 as pb
 from servehealth_common.fallback_marks import WHY
 from servehealth_common.pod_identity import PodKey
 from servehealth_common.probe import ProbeResult
+from servehealth_common.runtime import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -206,11 +207,7 @@ class FallbackRunner:
             )
             self._stop_following()
             self._stop_lease()
-            for task in tasks:
-                if task is not None:
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
+            await cancel_and_wait(*tasks)
 
     async def _act(self) -> None:
         """In fallback, with something to do: read or follow a sidecar's pod if it must, and
