@@ -24,7 +24,7 @@ from node_agent.attempt_log import AttemptLog
 from node_agent.flags import AgentFlags
 from node_agent.outbox import Outbox
 from node_agent.sink import NO_METRICS, MetricsSink
-from node_agent.stream_listener import NoListener, StreamListener
+from node_agent.stream_listener import StreamListener
 from node_agent.token import DEFAULT_TOKEN_FILE, TokenFile
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth.v1 import servehealth_pb2_grpc as pb_grpc
@@ -95,7 +95,7 @@ class ReportClient:
     ) -> None:
         self.settings = settings
         self._metrics = metrics
-        self._listener = listener or NoListener()
+        self._listener = listener or StreamListener()
         #: After a first change, wait this long for others before sending (0: send at once).
         self._batch_window = batch_window
         self.outbox = outbox

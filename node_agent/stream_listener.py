@@ -3,14 +3,13 @@
 
 from __future__ import annotations
 
-from typing import Protocol
-
 from servehealth.v1 import servehealth_pb2 as pb
 
 
-class StreamListener(Protocol):
+class StreamListener:
     """Told when a stream is accepted and ends, and what each ``AgentSettings`` says of the
-    aggregator's writes (the agent's fallback, :mod:`node_agent.fallback.runner`)."""
+    aggregator's writes (the agent's fallback, :mod:`node_agent.fallback.runner`, overrides
+    these; here each does nothing: a stream without a fallback)."""
 
     def settings(self, writes: pb.WriteSettings | None) -> None:
         """An ``AgentSettings`` arrived; ``writes`` None: it had none (before 0.3.0)."""
@@ -26,20 +25,3 @@ class StreamListener(Protocol):
 
     def ended(self) -> None:
         """An accepted stream is over."""
-
-
-class NoListener:
-    def settings(self, writes: pb.WriteSettings | None) -> None:
-        pass
-
-    def fleet(self, size: int) -> None:
-        pass
-
-    def pod_view(self, view: pb.PodView) -> None:
-        pass
-
-    def accepted(self) -> None:
-        pass
-
-    def ended(self) -> None:
-        pass

@@ -35,6 +35,7 @@ from node_agent.fallback.rules import (
 )
 from node_agent.fallback.wire import facts_from_view, rules_from
 from node_agent.sink import MetricsSink
+from node_agent.stream_listener import StreamListener
 from servehealth.v1 import servehealth_pb2 as pb
 from servehealth_common.fallback_marks import WHY
 from servehealth_common.pod_identity import PodKey
@@ -46,7 +47,7 @@ log = logging.getLogger(__name__)
 FALLBACK = FallbackPhase.FALLBACK
 
 
-class FallbackRunner:
+class FallbackRunner(StreamListener):
     """``await run()`` until cancelled. ``own_pod``: a sidecar's pod, watched while fallback
     lasts (a DaemonSet agent's pods come from its own watch: :meth:`pod_seen`)."""
 

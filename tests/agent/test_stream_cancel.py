@@ -22,13 +22,14 @@ import pytest
 from node_agent.flags import AgentFlags
 from node_agent.outbox import Outbox
 from node_agent.stream import ReportClient
+from node_agent.stream_listener import StreamListener
 from servehealth.v1 import servehealth_pb2 as pb
 from tests.conftest import StartAggregator
 
 GUARD = 10.0  # seconds; only a test that fails waits this long
 
 
-class Accepts:
+class Accepts(StreamListener):
     """A ``StreamListener`` that keeps, for each accepted stream, the cancel requests then
     pending on the stream's task (``Task.cancelling()``)."""
 
@@ -36,24 +37,12 @@ class Accepts:
         self.cancelling: list[int] = []
         self.again = asyncio.Event()  # a second stream was accepted
 
-    def settings(self, writes: pb.WriteSettings | None) -> None:
-        pass
-
-    def fleet(self, size: int) -> None:
-        pass
-
-    def pod_view(self, view: pb.PodView) -> None:
-        pass
-
     def accepted(self) -> None:
         task = asyncio.current_task()
         assert task is not None
         self.cancelling.append(task.cancelling())
         if len(self.cancelling) > 1:
             self.again.set()
-
-    def ended(self) -> None:
-        pass
 
 
 class Reader:
