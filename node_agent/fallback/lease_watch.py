@@ -18,7 +18,7 @@ loop.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import functools
 import logging
 import random
 import threading
@@ -30,6 +30,7 @@ from node_agent.fallback.ports import LeaseListener
 from servehealth_common.backoff import Backoff, jittered
 from servehealth_common.kube.client import KubeClient
 from servehealth_common.kube.errors import APIError, APIGoneError, APINotFoundError
+from servehealth_common.kube.watch import events_from_thread
 
 log = logging.getLogger(__name__)
 
@@ -90,29 +91,10 @@ async def _watch(
     """One watch, until the server ends it (after ``seconds``) or it fails; read by a daemon
     thread (it never holds up the agent's exit), its events handed to this loop. Returns the
     last resourceVersion seen (to resume from)."""
-    loop, stopping = asyncio.get_running_loop(), threading.Event()
-    queue: asyncio.Queue[Any] = asyncio.Queue()
-
-    def post(item: Any) -> None:
-        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody listens
-            loop.call_soon_threadsafe(queue.put_nowait, item)
-
-    def pump() -> None:
-        try:
-            for event in kube.watch_lease(name.namespace, name.name, version, seconds):
-                if stopping.is_set():
-                    break
-                post(event)
-        except BaseException as error:
-            post(error)
-        finally:
-            post(_END)
-
-    threading.Thread(target=pump, name="watch-lease", daemon=True).start()
+    stopping = threading.Event()
+    events = functools.partial(kube.watch_lease, name.namespace, name.name, version, seconds)
     try:
-        while (item := await queue.get()) is not _END:
-            if isinstance(item, BaseException):
-                raise item
+        async for item in events_from_thread(events, stopping, "watch-lease"):
             _tell(name, item, to)
             metadata = (item.get("object") or {}).get("metadata") or {}
             version = str(metadata.get("resourceVersion") or version)
@@ -132,6 +114,3 @@ def _tell(name: LeaseName, event: dict[str, Any], to: LeaseListener) -> None:
         if status.get("code") == 410:
             raise APIGoneError(f"watch lease {name}: its resourceVersion is too old", 410)
         raise APIError(f"watch lease {name}: {status.get('message', status)}")
-
-
-_END = object()

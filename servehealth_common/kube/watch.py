@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable, Hashable
+from collections.abc import AsyncIterator, Callable, Hashable, Iterable
 from dataclasses import KW_ONLY, dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -172,37 +172,47 @@ class PodWatch(Generic[P]):
             known[pod.key] = pod
             self.upsert(pod)
 
-    async def _events(self, scope: str | None) -> AsyncIterator[dict[str, Any]]:
+    def _events(self, scope: str | None) -> AsyncIterator[dict[str, Any]]:
         """Events of one watch request, read by a daemon thread and handed to this loop."""
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[Any] = asyncio.Queue()
         version = self._versions.get(scope, "")
+        return events_from_thread(
+            lambda: self.client.watch_pods(
+                scope, self.label_selector, version, self.watch_timeout, self.field_selector
+            ),
+            self._stopping,
+            f"watch-{scope or 'all'}",
+        )
 
-        def post(item: Any) -> None:
-            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody listens
-                loop.call_soon_threadsafe(queue.put_nowait, item)
 
-        def pump() -> None:
-            try:
-                for event in self.client.watch_pods(
-                    scope, self.label_selector, version, self.watch_timeout, self.field_selector
-                ):
-                    if self._stopping.is_set():
-                        break
-                    post(event)
-            except BaseException as error:  # an APIError already (KubeClient wraps), or a bug
-                post(error)
-            finally:
-                post(_END)
+async def events_from_thread(
+    events: Callable[[], Iterable[Any]], stopping: threading.Event, name: str
+) -> AsyncIterator[Any]:
+    """What ``events()`` (one watch request) yields, read by a daemon thread named ``name``
+    (it never holds up the program's exit; it stops at its next event once ``stopping`` is
+    set) and handed to this loop; what it raised is raised here."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[Any] = asyncio.Queue()
 
-        threading.Thread(target=pump, name=f"watch-{scope or 'all'}", daemon=True).start()
-        while True:
-            item = await queue.get()
-            if item is _END:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
+    def post(item: Any) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody listens
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+
+    def pump() -> None:
+        try:
+            for event in events():
+                if stopping.is_set():
+                    break
+                post(event)
+        except BaseException as error:  # an APIError already (KubeClient wraps), or a bug
+            post(error)
+        finally:
+            post(_END)
+
+    threading.Thread(target=pump, name=name, daemon=True).start()
+    while (item := await queue.get()) is not _END:
+        if isinstance(item, BaseException):
+            raise item
+        yield item
 
 
 def _attempts(number: int) -> str:
