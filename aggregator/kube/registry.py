@@ -333,7 +333,7 @@ class KubeRegistry(PodRegistry):
             # one (label and condition patches of one transition): it shows a state that is
             # already gone, and "repairing" it would be a spurious write.
             return
-        self._pods[pod.key] = pod
+        self._keep(pod)
         self.views_changed(pod.key)
         self._kubelet.seen(pod.key.namespace, pod.cluster, pod.key.name, pod.kubelet_checks_serve)
         assert self._sink is not None
@@ -407,11 +407,17 @@ class KubeRegistry(PodRegistry):
             written = parse_pod(body, self.settings.proxy_port)
             # (An answer older than the copy was overtaken by a later version of the pod, which
             # shows this write and anything after it, judged as drift by the watch.)
-            self._pods[key] = pod if written.writable.earlier_than(pod.writable) else written
+            self._keep(pod if written.writable.earlier_than(pod.writable) else written)
         else:
             carrying = pod.writable.carrying(kind, self._name(kind), value)
-            self._pods[key] = replace(pod, writable=carrying)
+            self._keep(replace(pod, writable=carrying))
         self.views_changed(key)
+
+    def _keep(self, pod: KubePod) -> None:
+        """``pod`` is the copy now (its last count is forgotten: :meth:`targets` counts it
+        again, and holds no earlier copy meanwhile)."""
+        self._pods[pod.key] = pod
+        self._counted.pop(pod.key, None)
 
     async def refresh(self, key: PodKey) -> None:
         body = await self.api.get_pod(key)
