@@ -147,13 +147,13 @@ class PodRegistry(abc.ABC):
         """Pods an agent in fallback wrote after ``since`` (None: whenever): none here."""
         return 0
 
-    def targets(self, key: PodKey, health: str | None) -> list[Target]:
+    def targets(self, key: PodKey, health: str | None) -> tuple[Target, ...]:
         """Each thing the aggregator writes to the pod: its kind, what the pod carries now, and
         the value that goes with the label its health calls for (``health``, the override
         first; none where nothing is wanted: :mod:`aggregator.decision.shadow`)."""
         if health is None:
-            return []
-        return [(WriteKind.LABEL, self.carried(key, WriteKind.LABEL), health)]
+            return ()
+        return ((WriteKind.LABEL, self.carried(key, WriteKind.LABEL), health),)
 
 
 class MemoryRegistry(PodRegistry):

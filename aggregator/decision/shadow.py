@@ -19,6 +19,7 @@ writer may still write it. A removal PANIC holds is not wanted, so it is no disa
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -54,7 +55,8 @@ def in_service(kind: WriteKind, value: str | None) -> bool:
     return condition_fields(value)[0] == "True"
 
 
-def direction(targets: Sequence[Target]) -> str | None:
+@functools.lru_cache(maxsize=1024)  # (a handful of distinct ones: kinds and values)
+def direction(targets: tuple[Target, ...]) -> str | None:
     """:data:`IN`, :data:`OUT`, or None (agreement, or nothing written to the pod)."""
     carried = all(in_service(kind, value) for kind, value, _ in targets)
     wanted = all(in_service(kind, value) for kind, _, value in targets)
@@ -131,7 +133,7 @@ class ShadowView:
         dry_run: bool,
         keys: Callable[[], Iterable[PodKey]],
         health: Callable[[PodKey], str | None],
-        targets: Callable[[PodKey, str | None], Sequence[Target]],
+        targets: Callable[[PodKey, str | None], tuple[Target, ...]],
     ) -> None:
         self.dry_run = dry_run
         self._keys = keys

@@ -90,7 +90,7 @@ class KubeRegistry(PodRegistry):
         #: Each pod's targets as last counted (:meth:`targets`), with what they came from: the
         #: pod's copy, its health and whether it has no proxy by design. The drift figures ask
         #: for every pod at each GetSummary and scrape; most have not changed since.
-        self._counted: dict[PodKey, tuple[KubePod, str | None, bool, list[Target]]] = {}
+        self._counted: dict[PodKey, tuple[KubePod, str | None, bool, tuple[Target, ...]]] = {}
         self._kubelet = KubeletWarnings()
         metrics.pods_kubelet_checks_serve.set_function(self.pods_kubelet_checks_serve)
         self._sink: PodSink | None = None
@@ -263,20 +263,20 @@ class KubeRegistry(PodRegistry):
             and (since is None or fallback_marks.written_after(mark, since))
         )
 
-    def targets(self, key: PodKey, health: str | None) -> list[Target]:
+    def targets(self, key: PodKey, health: str | None) -> tuple[Target, ...]:
         """The label and, for a pod with the readiness gate, the condition, as the mode says:
         the pod's desired state when its health calls for ``health`` (the override first;
         none where nothing is wanted). Counted again only when the pod's copy, ``health`` or
         its proxy's judgement changed."""
         pod = self._pods.get(key)
         if pod is None:
-            return []
+            return ()
         by_design = self._by_design(key)
         counted = self._counted.get(key)
         if counted is not None and counted[0] is pod and counted[1:3] == (health, by_design):
             return counted[3]
         wanted = self._desired(pod, health, by_design=by_design)
-        found = [(kind, self.carried(key, kind), value) for kind, value in wanted.targets()]
+        found = tuple((kind, self.carried(key, kind), value) for kind, value in wanted.targets())
         self._counted[key] = (pod, health, by_design, found)
         return found
 

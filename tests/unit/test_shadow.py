@@ -37,7 +37,7 @@ LABEL, CONDITION = WriteKind.LABEL, WriteKind.CONDITION
     ],
 )
 def test_direction(targets: list, expected: str | None) -> None:
-    assert direction(targets) == expected
+    assert direction(tuple(targets)) == expected
 
 
 def test_shown_and_tally() -> None:
