@@ -85,6 +85,17 @@ class Transitions:
         self._thread.join(5)
 
 
+def until(check: Callable[[], bool], timeout: float) -> bool:
+    """Whether ``check`` holds within ``timeout`` seconds, polled every 0.1 s (a real process
+    outside this test: Ray, HAProxy)."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
 @pytest.mark.timeout(300)  # Ray's start (~10 s) and teardown count; the walk takes ~15 s
 def test_pod_follows_ray_serve_in_haproxy_mode(
     serve_haproxy: RayHAProxy,
@@ -140,8 +151,14 @@ def test_pod_follows_ray_serve_in_haproxy_mode(
         assert "empty route table" in deleted.reason
         assert harness.http_get(f"{base_url}/-/healthz") == (200, "success")
 
-        # 5. Again, then no server of its backend UP: HAProxy's own 503.
+        # 5. Again, then no server of its backend UP: HAProxy's own 503. Frozen only once
+        # HAProxy routes to the new replica: the head says success before the application is
+        # ready (its fallback proxy is a server too), and HAProxy's reload when the route table
+        # changes may answer 503 for a moment, which the freeze step would take for its own
+        # (it did once in CI: NOT_READY 0.26 s after the freeze, then 200 again).
         step("redeploy", serve_haproxy.deploy, ServeState.SERVING)
+        routed = until(lambda: harness.http_get(f"{base_url}/") == (200, "hello\n"), 20.0)
+        assert routed, "HAProxy never routed / to the redeployed application"
         try:
             frozen = step("no server up", serve_haproxy.freeze, ServeState.NOT_READY, DOWN_DEADLINE)
             assert frozen.http_status == 503
