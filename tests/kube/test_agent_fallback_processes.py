@@ -216,7 +216,12 @@ async def test_no_aggregator_then_one_back(
     rewritten = [(name, body) for name, body in rewritten if name and name.startswith("pod-")]
     assert rewritten == [], "the aggregator rewrote what was already right"
     assert condition_history(kube, "pod-0") == [("aggregator", "True"), ("agent", "False")]
-    assert condition_history(kube, "pod-1") == [("aggregator", "True")]
+    # The hung pod never left service (a hang decides nothing for an agent). A sidecar whose
+    # last PodView came before the aggregator's write (it stopped ~10 ms after it, once in CI)
+    # may send "True" on that older version: refused (409), or the same value, never a flap.
+    history = condition_history(kube, "pod-1")
+    assert history[0] == ("aggregator", "True")
+    assert {status for _, status in history} == {"True"}
     assert condition_history(kube, "pod-2") == [("agent", "True")]
     reasons = {kube.pod_conditions("default", f"pod-{i}")[GATE]["reason"] for i in (0, 2)}
     assert reasons == {marks.CONDITION_REASON}
